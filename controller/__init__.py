@@ -1,0 +1,1 @@
+"""The Kubernetes controller (ModelServing, ModelBooster, autoscaling). Step 4 onwards."""

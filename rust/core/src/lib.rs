@@ -1,0 +1,4 @@
+//! Pure-Rust core of the router: the hot data structures, testable with `cargo test`
+//! and free of Python. The `kthena-py` crate exposes them to Python.
+
+pub mod json_splice;
