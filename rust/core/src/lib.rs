@@ -1,4 +1,7 @@
 //! Pure-Rust core of the router: the hot data structures, testable with `cargo test`
 //! and free of Python. The `kthena-py` crate exposes them to Python.
+#![forbid(unsafe_code)]
 
 pub mod json_splice;
+pub mod prefix_hash;
+pub mod prefix_index;

@@ -1,7 +1,18 @@
+//! PyO3 binding of kthena-core. Only bytes and integers cross the boundary on the hot path.
+#![forbid(unsafe_code)]
+
 use pyo3::prelude::*;
+
+mod prefix;
+mod splice;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(splice::splice_top_level, m)?)?;
+    m.add_function(wrap_pyfunction!(prefix::prefix_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(prefix::prefix_hashes, m)?)?;
+    m.add_class::<prefix::BlockHashes>()?;
+    m.add_class::<prefix::PrefixIndex>()?;
     Ok(())
 }

@@ -1,0 +1,203 @@
+"""create_app(): the worker's ASGI application (granian factory).
+
+Hot paths (every POST /v1/* except /v1/models) go straight to the Forwarder, a raw ASGI
+callable; starlette serves the rest (lifespan, /v1/models, OpenAI-style 404s), where its
+Request/Response objects cost nothing that matters.
+
+Per worker process: the config state, route table, endpoint health, round-robin
+counters, upstream connection pool and health prober (every worker probes every
+endpoint every `health_probe_interval_s`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from kthena_router import worker_status
+from kthena_router.config.errors import ConfigError
+from kthena_router.config.loader import load_config_file
+from kthena_router.config.model import RouterConfig
+from kthena_router.config.watcher import ConfigWatcher
+from kthena_router.endpoints.balancer import RoundRobinBalancer
+from kthena_router.endpoints.health import HealthProber
+from kthena_router.endpoints.registry import EndpointRegistry
+from kthena_router.errors import error_response
+from kthena_router.metrics import RouterMetrics, ensure_multiprocess
+from kthena_router.proxy.forward import Forwarder, Receive, Scope, Send
+from kthena_router.proxy.upstream import UpstreamPool
+from kthena_router.routing.table import RouteTable
+from kthena_router.settings import RouterSettings
+from kthena_router.state import StateHolder, build_state
+
+log = logging.getLogger(__name__)
+
+DNS_REFRESH_S = 30.0
+
+
+class ConfigApplier:
+    """Turns a loaded RouterConfig into the worker's current state (initial load and reloads)."""
+
+    def __init__(self, settings: RouterSettings, holder: StateHolder, registry: EndpointRegistry,
+                 metrics: RouterMetrics) -> None:
+        self.settings = settings
+        self.holder = holder
+        self.registry = registry
+        self.metrics = metrics
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def apply(self, cfg: RouterConfig) -> None:
+        table = RouteTable.build(cfg)  # first: a table error keeps the old state
+        await self.registry.resolve_names(cfg)
+        self._swap(cfg, table)
+
+    def _swap(self, cfg: RouterConfig, table: RouteTable) -> None:
+        targets = self.registry.build(cfg)
+        self.holder.swap(build_state(cfg, table, targets))
+        for eps in targets.values():
+            for ep in eps:
+                self.metrics.set_endpoint_healthy(ep.server_label, ep.key, ep.health.healthy)
+        self.metrics.config_reload(True)
+        worker_status.report_applied(self.settings, cfg.digest)
+
+    def on_config(self, cfg: RouterConfig) -> None:
+        """ConfigWatcher callback (sync): swap now, or after DNS resolution of new names."""
+        try:
+            table = RouteTable.build(cfg)
+        except Exception as exc:  # the loader validated; this is a bug, keep the old state
+            log.exception("cannot build the route table; keeping the previous config")
+            self._failed(str(exc))
+            return
+        if not self.registry.has_names(cfg):
+            self._swap(cfg, table)
+            return
+        task = asyncio.get_running_loop().create_task(self._resolve_then_swap(cfg, table))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _resolve_then_swap(self, cfg: RouterConfig, table: RouteTable) -> None:
+        await self.registry.resolve_names(cfg)
+        self._swap(cfg, table)
+
+    def on_error(self, err: ConfigError) -> None:
+        self._failed(str(err))
+
+    def _failed(self, message: str) -> None:
+        self.metrics.config_reload(False)
+        worker_status.report_failed(self.settings, message)
+
+    async def refresh_dns_forever(self) -> None:
+        """Re-resolve endpoint names; rebuild the state when an answer changed."""
+        while True:
+            await asyncio.sleep(DNS_REFRESH_S)
+            state = self.holder.current
+            if state is None or not self.registry.has_names(state.config):
+                continue
+            try:
+                await self.registry.resolve_names(state.config)
+                targets = self.registry.build(state.config)
+                keys = {k: tuple(ep.key for ep in v) for k, v in targets.items()}
+                if keys != {k: tuple(ep.key for ep in v) for k, v in state.targets.items()}:
+                    self.holder.swap(build_state(state.config, state.table, targets))
+            except Exception:
+                log.exception("DNS refresh failed")
+
+
+async def _models(request: Request) -> Response:
+    state = request.app.state.holder.current
+    if state is None:
+        return error_response(503, "router has no configuration loaded yet")
+    return Response(state.models_body, media_type="application/json")
+
+
+async def _not_found(request: Request) -> Response:
+    return error_response(404, f"no such endpoint: {request.method} {request.url.path}")
+
+
+def create_app(settings: RouterSettings | None = None) -> Any:
+    """granian factory: settings from the environment (at call time) unless given."""
+    if settings is None:
+        settings = RouterSettings.from_env()
+    ensure_multiprocess(settings.prometheus_dir)
+    metrics = RouterMetrics()
+    holder = StateHolder()
+    registry = EndpointRegistry()
+    pool = UpstreamPool(settings)
+    balancer = RoundRobinBalancer()
+
+    def all_targets() -> list[Any]:
+        state = holder.current
+        return [] if state is None else registry.unique(state.targets)
+
+    prober = HealthProber(lambda: pool.session, all_targets, settings.health_probe_interval_s,
+                          settings.health_probe_timeout_s)
+    forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober)
+    applier = ConfigApplier(settings, holder, registry, metrics)
+
+    def health_changed(key: str, healthy: bool) -> None:
+        state = holder.current
+        if state is None:
+            return
+        for eps in state.targets.values():
+            for ep in eps:
+                if ep.key == key:
+                    metrics.set_endpoint_healthy(ep.server_label, key, healthy)
+
+    registry.set_health_listener(health_changed)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        cfg = await asyncio.to_thread(load_config_file, settings.config_path)
+        await pool.start()
+        await applier.apply(cfg)
+        watcher: ConfigWatcher | None = None
+        tasks: list[asyncio.Task[None]] = []
+        loop = asyncio.get_running_loop()
+        if settings.watch_config:
+            watcher = ConfigWatcher(settings.config_path, applier.on_config, applier.on_error,
+                                    trigger_path=settings.reload_trigger_path or None,
+                                    initial_digest=cfg.digest)
+            tasks.append(loop.create_task(watcher.run()))
+        tasks.append(loop.create_task(applier.refresh_dns_forever()))
+        prober.start()
+        try:
+            yield
+        finally:
+            if watcher is not None:
+                watcher.stop()
+            for task in tasks:
+                task.cancel()
+            await prober.stop()
+            # granian lets in-flight requests end before lifespan shutdown; this is a bound.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(forwarder.idle.wait(), timeout=settings.drain_grace_s)
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await pool.close()
+
+    starlette = Starlette(
+        routes=[Route("/v1/models", _models, methods=["GET"]),
+                Route("/{path:path}", _not_found, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"])],
+        lifespan=lifespan,
+    )
+    starlette.state.holder = holder
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = scope["path"]
+            if path.startswith("/v1/") and path != "/v1/models":
+                await forwarder(scope, receive, send)
+                return
+        await starlette(scope, receive, send)
+
+    app.forwarder = forwarder  # type: ignore[attr-defined]  # for in-process tests
+    return app

@@ -1,0 +1,111 @@
+"""`kthena-router`: parse arguments, validate the config once, run the supervisor.
+
+Exit codes: 0 clean stop, 1 runtime failure (workers crashed), 2 invalid arguments or
+config (the message names file, document and field), 3 a port is already in use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import logging.config
+import sys
+
+from kthena_router.settings import RouterSettings, SettingsError
+
+EXIT_USAGE = 2
+EXIT_PORT_IN_USE = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = RouterSettings(config_path="")
+    p = argparse.ArgumentParser(
+        prog="kthena-router",
+        description="OpenAI-compatible LLM router (Kthena drop-in), config-file mode.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--config", "-c", required=True, metavar="FILE",
+                   help="YAML file with ModelRoute / ModelServer / Endpoints documents")
+    p.add_argument("--host", default=d.host, help="client-facing listen address")
+    p.add_argument("--port", type=int, default=d.port, help="client-facing listen port")
+    p.add_argument("--admin-host", default=d.admin_host, help="admin server address")
+    p.add_argument("--admin-port", type=int, default=d.admin_port,
+                   help="admin server port (/healthz, /readyz, /metrics, /admin/reload)")
+    p.add_argument("--workers", type=int, default=d.workers, help="granian worker processes")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                   help="larger request bodies get 413")
+    p.add_argument("--drain-grace-s", "--drain-grace", dest="drain_grace_s", type=float,
+                   default=d.drain_grace_s, help="on SIGTERM, seconds in-flight requests may still run")
+    p.add_argument("--log-level", default=d.log_level,
+                   choices=["debug", "info", "warning", "error", "critical"])
+    p.add_argument("--runtime-dir", default="",
+                   help="dir for metrics files, reload trigger, worker status (default: a fresh temp dir)")
+    p.add_argument("--health-probe-interval-s", type=float, default=d.health_probe_interval_s,
+                   help="period of active /health probes of endpoints")
+    p.add_argument("--first-byte-timeout-s", dest="default_first_byte_timeout_s", type=float,
+                   default=d.default_first_byte_timeout_s,
+                   help="first-byte timeout when a ModelServer sets no trafficPolicy.timeout")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> RouterSettings:
+    settings = RouterSettings(
+        config_path=args.config,
+        host=args.host,
+        port=args.port,
+        admin_host=args.admin_host,
+        admin_port=args.admin_port,
+        workers=args.workers,
+        max_body_bytes=args.max_body_bytes,
+        drain_grace_s=args.drain_grace_s,
+        log_level=args.log_level,
+        runtime_dir=args.runtime_dir,
+        health_probe_interval_s=args.health_probe_interval_s,
+        default_first_byte_timeout_s=args.default_first_byte_timeout_s,
+    ).resolved()
+    settings.validate()
+    return settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # Parent logging; workers get the same config through granian (supervisor.logging_config).
+    from kthena_router.supervisor import logging_config
+
+    logging.config.dictConfig(logging_config(args.log_level))
+    try:
+        settings = settings_from_args(args)
+    except SettingsError as exc:
+        print(f"kthena-router: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    from kthena_router.config.errors import ConfigError
+    from kthena_router.config.loader import load_config_file
+
+    try:
+        config = load_config_file(settings.config_path)
+    except ConfigError as exc:
+        print(f"kthena-router: invalid config:\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        print(f"kthena-router: cannot read config {settings.config_path}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    for warning in config.warnings:
+        logging.getLogger("kthena_router.config").warning("%s", warning)
+
+    from kthena_router import supervisor
+
+    try:
+        return supervisor.run(settings, config)
+    except supervisor.PortInUseError as exc:
+        print(f"kthena-router: {exc.strerror}", file=sys.stderr)
+        return EXIT_PORT_IN_USE
+    except OSError as exc:
+        print(f"kthena-router: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_PORT_IN_USE if exc.errno == errno.EADDRINUSE else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Endpoints of ModelServers: resolution, health, choice."""

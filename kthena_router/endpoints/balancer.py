@@ -1,0 +1,41 @@
+"""Endpoint choice: round-robin among healthy endpoints, as an ordered candidate list.
+
+The proxy tries candidates in order (retry before the first byte moves to the next one),
+so a scheduling plugin (step 2) can replace this by returning a differently ordered list.
+Counters are per worker process.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable, Sequence
+from typing import Protocol, TypeVar
+
+
+class HasHealth(Protocol):
+    @property
+    def health(self) -> "_Healthy": ...
+
+
+class _Healthy(Protocol):
+    healthy: bool
+
+
+T = TypeVar("T", bound=HasHealth)
+
+
+class RoundRobinBalancer:
+    def __init__(self) -> None:
+        self._counters: dict[Hashable, itertools.count[int]] = {}
+
+    def candidates(self, key: Hashable, endpoints: Sequence[T]) -> list[T]:
+        """Healthy endpoints, rotated by one position per call for this key."""
+        healthy = [ep for ep in endpoints if ep.health.healthy]
+        n = len(healthy)
+        if n <= 1:
+            return healthy
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = itertools.count()
+        start = next(counter) % n
+        return healthy[start:] + healthy[:start]

@@ -1,0 +1,145 @@
+"""ModelServer -> resolved upstream targets ("ip:port"), with DNS re-resolution.
+
+Each endpoint address of the config is resolved (IP literals as is, DNS names through
+the event loop's getaddrinfo, every address returned becomes a target). Health objects
+are kept per "ip:port" key in the registry, so an endpoint that stays across a config
+reload or a DNS refresh keeps its health state; keys that disappear are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import ssl
+from collections.abc import Callable, Iterable, Mapping
+
+from kthena_router.config.model import ModelServer, RouterConfig
+from kthena_router.endpoints.health import EndpointHealth
+
+log = logging.getLogger(__name__)
+
+ServerKey = tuple[str, str]
+
+
+class EndpointState:
+    """One upstream target of one ModelServer; `health` is shared by every server using it."""
+
+    __slots__ = ("key", "ip", "port", "host", "base_url", "ssl", "server_hostname", "health",
+                 "probe_headers", "server_label")
+
+    def __init__(self, key: str, ip: str, port: int, host: str, scheme: str,
+                 ssl_ctx: ssl.SSLContext | bool | None, health: EndpointHealth,
+                 probe_headers: Mapping[str, str], server_label: str) -> None:
+        self.key = key
+        self.ip = ip
+        self.port = port
+        self.host = host  # configured name, for Host and TLS SNI
+        netloc = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+        self.base_url = f"{scheme}://{netloc}"
+        self.ssl = ssl_ctx
+        # TLS to a DNS name: connect to the resolved IP, verify the configured name.
+        self.server_hostname = host if scheme == "https" and host != ip else None
+        self.health = health
+        self.probe_headers = dict(probe_headers)
+        self.server_label = server_label
+
+    def __repr__(self) -> str:
+        return f"EndpointState({self.key})"
+
+
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def _ssl_for(server: ModelServer, insecure_ctx: ssl.SSLContext) -> ssl.SSLContext | bool | None:
+    if server.protocol != "https":
+        return None
+    return insecure_ctx if server.tls_insecure_skip_verify else True
+
+
+class EndpointRegistry:
+    """Builds the per-server target lists; owns the per-key health objects (per worker)."""
+
+    def __init__(self, on_health_change: Callable[[str, bool], None] | None = None) -> None:
+        self._health: dict[str, EndpointHealth] = {}
+        self._dns: dict[str, list[str]] = {}  # name -> resolved IPs (last good answer)
+        self._on_change = on_health_change
+        self._insecure = ssl.create_default_context()
+        self._insecure.check_hostname = False
+        self._insecure.verify_mode = ssl.CERT_NONE
+
+    def set_health_listener(self, on_change: Callable[[str, bool], None]) -> None:
+        """Called with (key, healthy) on every health transition (for the metric)."""
+        self._on_change = on_change
+
+    def _notify(self, key: str, healthy: bool) -> None:
+        if self._on_change is not None:
+            self._on_change(key, healthy)
+
+    def _health_of(self, key: str) -> EndpointHealth:
+        health = self._health.get(key)
+        if health is None:
+            health = EndpointHealth(lambda ok, k=key: self._notify(k, ok))
+            self._health[key] = health
+        return health
+
+    async def resolve_names(self, cfg: RouterConfig) -> None:
+        """Resolve every DNS name of the config (keeps the last good answer on failure)."""
+        names = {ep.address for eps in cfg.endpoint_sets for ep in eps.endpoints if not _is_ip(ep.address)}
+        if names:
+            await asyncio.gather(*(self._resolve(n) for n in names))
+
+    async def _resolve(self, name: str) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await asyncio.wait_for(loop.getaddrinfo(name, None, type=socket.SOCK_STREAM), 10)
+        except (OSError, asyncio.TimeoutError) as exc:
+            log.warning("cannot resolve endpoint name %s: %s", name, exc)
+            return
+        ips = sorted({info[4][0] for info in infos})
+        if ips:
+            self._dns[name] = ips
+
+    def build(self, cfg: RouterConfig) -> dict[ServerKey, tuple[EndpointState, ...]]:
+        """Targets of every ModelServer of `cfg` (call resolve_names first for DNS names)."""
+        out: dict[ServerKey, tuple[EndpointState, ...]] = {}
+        live: set[str] = set()
+        for key, server in cfg.servers.items():
+            scheme = "https" if server.protocol == "https" else "http"
+            ssl_ctx = _ssl_for(server, self._insecure)
+            label = f"{server.namespace}/{server.name}"
+            targets: list[EndpointState] = []
+            seen: set[str] = set()
+            for ep in cfg.endpoints_of(server):
+                port = ep.port if ep.port is not None else server.port
+                ips = [ep.address] if _is_ip(ep.address) else self._dns.get(ep.address, [])
+                for ip in ips:
+                    ep_key = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+                    if ep_key in seen:
+                        continue
+                    seen.add(ep_key)
+                    live.add(ep_key)
+                    targets.append(EndpointState(ep_key, ip, port, ep.address, scheme, ssl_ctx,
+                                                 self._health_of(ep_key), server.upstream_headers, label))
+            out[key] = tuple(targets)
+        for gone in set(self._health) - live:
+            del self._health[gone]
+        return out
+
+    def has_names(self, cfg: RouterConfig) -> bool:
+        return any(not _is_ip(ep.address) for eps in cfg.endpoint_sets for ep in eps.endpoints)
+
+    @staticmethod
+    def unique(targets: Mapping[ServerKey, Iterable[EndpointState]]) -> list[EndpointState]:
+        """One target per key (for probing)."""
+        seen: dict[str, EndpointState] = {}
+        for eps in targets.values():
+            for ep in eps:
+                seen.setdefault(ep.key, ep)
+        return list(seen.values())

@@ -1,0 +1,132 @@
+"""Every Prometheus metric of the router (Kthena's names where they exist).
+
+Multiprocess mode: each granian worker writes its values to mmap files in
+PROMETHEUS_MULTIPROC_DIR (set by the supervisor before workers start); the admin server
+in the parent aggregates them. Gauges therefore name a multiprocess_mode: "livesum" for
+in-flight counts, "livemin" for health-like flags (1 only if every live worker agrees).
+Label children are cached per label tuple: `.labels()` costs a lock and a dict lookup
+per call, too much on the hot path. Label values are bounded (no request ids).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# Kthena's buckets for kthena_router_request_duration_seconds.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TPOT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+def ensure_multiprocess(prometheus_dir: str) -> None:
+    """Switch prometheus_client to multiprocess values if the env var came too late.
+
+    prometheus_client picks its value class from the environment when it is imported;
+    the supervisor normally sets the variable before workers start, this covers a worker
+    whose settings name a directory the environment did not.
+    """
+    if not prometheus_dir:
+        return
+    os.makedirs(prometheus_dir, exist_ok=True)
+    if os.environ.get(MULTIPROC_ENV) != prometheus_dir:
+        os.environ[MULTIPROC_ENV] = prometheus_dir
+    if values.ValueClass is values.MutexValue:
+        values.ValueClass = values.MultiProcessValue()
+
+
+class RouterMetrics:
+    """The metric families plus cached children for the hot path."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        reg = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.registry = reg
+        self.requests = Counter(
+            "kthena_router_requests_total", "Requests handled by the router",
+            ["model", "path", "status_code", "error_type", "model_route", "model_server", "endpoint"],
+            registry=reg)
+        self.duration = Histogram(
+            "kthena_router_request_duration_seconds", "End-to-end request latency seen by the router",
+            ["model", "path", "status_code"], buckets=DURATION_BUCKETS, registry=reg)
+        self.tokens = Counter(
+            "kthena_router_tokens_total", "Tokens processed (input = prompt, output = completion)",
+            ["model", "path", "token_type"], registry=reg)
+        self.active_downstream = Gauge(
+            "kthena_router_active_downstream_requests", "Client requests in flight",
+            ["model"], multiprocess_mode="livesum", registry=reg)
+        self.active_upstream = Gauge(
+            "kthena_router_active_upstream_requests", "Upstream requests in flight per endpoint",
+            ["model_route", "model_server", "endpoint"], multiprocess_mode="livesum", registry=reg)
+        self.ttft = Histogram(
+            "kthena_router_time_to_first_token_seconds",
+            "Time from request arrival to the first response byte sent to the client",
+            ["model", "path"], buckets=TTFT_BUCKETS, registry=reg)
+        self.tpot = Histogram(
+            "kthena_router_time_per_output_token_seconds",
+            "(last byte - first byte) / (output tokens - 1) of streamed responses",
+            ["model", "path"], buckets=TPOT_BUCKETS, registry=reg)
+        self.upstream_errors = Counter(
+            "kthena_router_upstream_errors_total", "Failed upstream attempts",
+            ["model_server", "endpoint", "reason"], registry=reg)
+        self.retries = Counter(
+            "kthena_router_retries_total", "Upstream attempts after the first one",
+            ["model_server"], registry=reg)
+        self.config_reloads = Counter(
+            "kthena_router_config_reloads_total", "Config (re)load attempts", ["result"], registry=reg)
+        self.config_last_reload_success = Gauge(
+            "kthena_router_config_last_reload_success", "1 if the last config (re)load succeeded",
+            multiprocess_mode="livemin", registry=reg)
+        self.endpoint_healthy = Gauge(
+            "kthena_router_endpoint_healthy", "1 if the endpoint is a candidate (not ejected)",
+            ["model_server", "endpoint"], multiprocess_mode="livemin", registry=reg)
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    # --- cached children --------------------------------------------------------------
+
+    def _child(self, family: Any, key: tuple[str, ...]) -> Any:
+        cache_key = (id(family), *key)
+        child = self._children.get(cache_key)
+        if child is None:
+            child = self._children[cache_key] = family.labels(*key)
+        return child
+
+    def observe_request(self, model: str, path: str, status: int, error_type: str, route: str,
+                        server: str, endpoint: str, duration_s: float) -> None:
+        code = str(status)
+        self._child(self.requests, (model, path, code, error_type, route, server, endpoint)).inc()
+        self._child(self.duration, (model, path, code)).observe(duration_s)
+
+    def observe_tokens(self, model: str, path: str, prompt: int | None, completion: int | None) -> None:
+        if prompt:
+            self._child(self.tokens, (model, path, "input")).inc(prompt)
+        if completion:
+            self._child(self.tokens, (model, path, "output")).inc(completion)
+
+    def observe_ttft(self, model: str, path: str, seconds: float) -> None:
+        self._child(self.ttft, (model, path)).observe(seconds)
+
+    def observe_tpot(self, model: str, path: str, seconds: float) -> None:
+        self._child(self.tpot, (model, path)).observe(seconds)
+
+    def downstream(self, model: str) -> Any:
+        return self._child(self.active_downstream, (model,))
+
+    def upstream(self, route: str, server: str, endpoint: str) -> Any:
+        return self._child(self.active_upstream, (route, server, endpoint))
+
+    def upstream_error(self, server: str, endpoint: str, reason: str) -> None:
+        self._child(self.upstream_errors, (server, endpoint, reason)).inc()
+
+    def retry(self, server: str) -> None:
+        self._child(self.retries, (server,)).inc()
+
+    def config_reload(self, ok: bool) -> None:
+        self._child(self.config_reloads, ("success" if ok else "failure",)).inc()
+        self.config_last_reload_success.set(1 if ok else 0)
+
+    def set_endpoint_healthy(self, server: str, endpoint: str, healthy: bool) -> None:
+        self._child(self.endpoint_healthy, (server, endpoint)).set(1 if healthy else 0)

@@ -1,0 +1,1 @@
+"""The router's request path: body handling, upstream pool, forwarding, SSE relay."""

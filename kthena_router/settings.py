@@ -1,0 +1,134 @@
+"""Router process settings, shared by the parent (supervisor) and the granian workers.
+
+The parent builds a RouterSettings from the command line and hands it to every worker
+through one environment variable holding JSON (SETTINGS_ENV). Workers read it when the
+app factory runs (`from_env()`), never at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+
+SETTINGS_ENV = "KTHENA_ROUTER_SETTINGS"
+
+# Names of the files inside runtime_dir (one place, so parent and workers agree).
+PROMETHEUS_SUBDIR = "prometheus"
+RELOAD_TRIGGER_NAME = "reload-trigger"
+DRAIN_MARKER_NAME = "draining"
+
+
+class SettingsError(ValueError):
+    """Settings that cannot work (bad port, missing env var, ...)."""
+
+
+class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Everything a router process needs besides the routing config file.
+
+    Per-process scope: every granian worker receives the same settings; state derived
+    from them (connection pools, health of endpoints, route table) is per worker.
+    """
+
+    config_path: str
+    """Path of the YAML config file (ModelRoute / ModelServer / Endpoints documents)."""
+    host: str = "127.0.0.1"
+    """Client-facing listen address."""
+    port: int = 8080
+    """Client-facing listen port (0 is not allowed: workers share one fixed port)."""
+    admin_host: str = "127.0.0.1"
+    """Admin server address (/healthz, /readyz, /metrics, /admin/reload)."""
+    admin_port: int = 15000
+    """Admin server port (Kthena's router uses 15000 for its debug/admin port)."""
+    workers: int = 1
+    """Number of granian worker processes."""
+    max_body_bytes: int = 32 * 1024 * 1024
+    """Request bodies above this size are refused with 413."""
+    drain_grace_s: float = 30.0
+    """On SIGTERM: how long in-flight requests (incl. streams) may run before exit."""
+    log_level: str = "warning"
+    """Python logging level name for parent and workers (debug|info|warning|error)."""
+    runtime_dir: str = ""
+    """Directory for prometheus multiprocess files, reload trigger and worker status.
+    Empty: the supervisor creates a fresh one under the OS temp dir."""
+    reload_trigger_path: str = ""
+    """File whose change makes every worker's ConfigWatcher reload the config.
+    Empty: `<runtime_dir>/reload-trigger` (filled in by `resolved()`)."""
+    health_probe_interval_s: float = 2.0
+    """Period of the active /health probe of every endpoint."""
+    health_probe_timeout_s: float = 1.0
+    """Timeout of one active /health probe."""
+    default_first_byte_timeout_s: float = 60.0
+    """Wait for an upstream's first byte when the ModelServer sets no trafficPolicy.timeout."""
+    default_retry_endpoints: int = 2
+    """Candidates tried before the first byte when the ModelServer sets no retry policy."""
+    connect_timeout_s: float = 5.0
+    """Upstream TCP connect timeout."""
+    upstream_pool_size: int = 512
+    """Max pooled upstream connections per worker (all endpoints together)."""
+    watch_config: bool = True
+    """Watch the config file's directory and reload on change."""
+    app_factory: str = "kthena_router.app:create_app"
+    """granian target (module:factory) of the workers; changed only by tests of the supervisor."""
+
+    # --- derived helpers -------------------------------------------------------------
+
+    def resolved(self) -> "RouterSettings":
+        """Copy with absolute paths and defaults that depend on runtime_dir filled in."""
+        config_path = str(Path(self.config_path).expanduser().resolve())
+        trigger = self.reload_trigger_path
+        if not trigger and self.runtime_dir:
+            trigger = str(Path(self.runtime_dir) / RELOAD_TRIGGER_NAME)
+        return msgspec.structs.replace(self, config_path=config_path, reload_trigger_path=trigger)
+
+    def validate(self) -> None:
+        """Raise SettingsError on values that cannot work."""
+        for name in ("port", "admin_port"):
+            value = getattr(self, name)
+            if not 1 <= value <= 65535:
+                raise SettingsError(f"{name} must be in 1..65535, got {value}")
+        if self.workers < 1:
+            raise SettingsError(f"workers must be >= 1, got {self.workers}")
+        if self.max_body_bytes < 1:
+            raise SettingsError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if self.drain_grace_s < 0:
+            raise SettingsError(f"drain_grace_s must be >= 0, got {self.drain_grace_s}")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
+            raise SettingsError(f"log_level must be debug|info|warning|error, got {self.log_level!r}")
+
+    @property
+    def prometheus_dir(self) -> str:
+        return str(Path(self.runtime_dir) / PROMETHEUS_SUBDIR) if self.runtime_dir else ""
+
+    @property
+    def drain_marker_path(self) -> str:
+        """Exists while the parent drains (workers may read it, e.g. to close keep-alives)."""
+        return str(Path(self.runtime_dir) / DRAIN_MARKER_NAME) if self.runtime_dir else ""
+
+    # --- transport to workers ----------------------------------------------------------
+
+    def to_json(self) -> str:
+        return msgspec.json.encode(self).decode()
+
+    def to_env(self) -> dict[str, str]:
+        """Environment entries that carry these settings to the workers."""
+        return {SETTINGS_ENV: self.to_json()}
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> "RouterSettings":
+        try:
+            return msgspec.json.decode(data, type=cls)
+        except msgspec.ValidationError as exc:
+            raise SettingsError(f"invalid router settings: {exc}") from exc
+
+    @classmethod
+    def from_env(cls, environ: "os._Environ[str] | dict[str, str] | None" = None) -> "RouterSettings":
+        """Settings of this worker; call from the app factory, not at import."""
+        env = os.environ if environ is None else environ
+        raw = env.get(SETTINGS_ENV)
+        if not raw:
+            raise SettingsError(
+                f"{SETTINGS_ENV} is not set: start the router with `kthena-router --config FILE`"
+            )
+        return cls.from_json(raw)

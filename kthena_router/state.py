@@ -1,0 +1,51 @@
+"""The worker's current routing state, swapped atomically on reload.
+
+A request reads `holder.current` once and keeps that snapshot to its end, so a reload
+never changes config, route table or endpoint lists under an in-flight request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import orjson
+
+from kthena_router.config.model import RouterConfig
+from kthena_router.endpoints.registry import EndpointState, ServerKey
+from kthena_router.routing.table import RouteTable
+
+
+@dataclass(frozen=True, slots=True)
+class RouterState:
+    config: RouterConfig
+    table: RouteTable
+    targets: Mapping[ServerKey, tuple[EndpointState, ...]]
+    models_body: bytes = field(repr=False)  # GET /v1/models, encoded once per state
+
+
+def models_payload(table: RouteTable, created: int | None = None) -> bytes:
+    """OpenAI list shape: route model names and LoRA adapter names."""
+    ts = int(time.time()) if created is None else created
+    data = [{"id": name, "object": "model", "created": ts, "owned_by": "kthena"}
+            for name, _is_lora in table.model_names()]
+    return orjson.dumps({"object": "list", "data": data})
+
+
+def build_state(cfg: RouterConfig, table: RouteTable,
+                targets: Mapping[ServerKey, tuple[EndpointState, ...]]) -> RouterState:
+    return RouterState(cfg, table, targets, models_payload(table))
+
+
+class StateHolder:
+    """Single reference swapped by assignment (atomic for readers on the event loop)."""
+
+    __slots__ = ("current",)
+
+    def __init__(self) -> None:
+        self.current: RouterState | None = None
+
+    def swap(self, state: RouterState) -> RouterState | None:
+        previous, self.current = self.current, state
+        return previous

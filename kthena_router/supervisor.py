@@ -1,0 +1,245 @@
+"""The router's parent process: runtime dir, admin server, granian workers, SIGTERM drain.
+
+Shutdown, as measured with granian 2.8.9 (see docs/architecture.md "Router settings and
+processes"): on SIGTERM/SIGINT granian's parent closes its socket and sends SIGTERM to
+every worker; a worker stops accepting at once (new connections are refused), lets
+in-flight requests and streams run to their end, closes idle keep-alive connections,
+runs the ASGI lifespan shutdown and exits. Granian kills a worker still alive after
+`workers_kill_timeout`. So we only add: /readyz fails at the signal (our handler runs
+before granian's), and the kill timeout is the drain grace period. A second signal
+during the drain kills the workers at once.
+
+TCP_NODELAY: granian sets it on the listening socket; Linux copies it to every accepted
+socket (checked with getsockopt on the accepted sockets, see tests/integration/
+test_lifecycle_sockets.py), so no extra step is needed.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import multiprocessing
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from kthena_router import worker_status
+from kthena_router.config.model import RouterConfig
+from kthena_router.settings import PROMETHEUS_SUBDIR, RouterSettings
+
+log = logging.getLogger(__name__)
+
+class PortInUseError(OSError):
+    pass
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """Fail clearly if host:port is taken.
+
+    Granian binds with SO_REUSEPORT, so a second router on the same port would silently
+    share it with the first: a plain bind (no SO_REUSEPORT) catches that.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUseError(exc.errno, f"{what} {host}:{port} is already in use") from exc
+            raise OSError(exc.errno, f"cannot bind {what} {host}:{port}: {exc.strerror}") from exc
+
+
+def prepare_runtime_dir(settings: RouterSettings) -> tuple[RouterSettings, bool]:
+    """Create (or clean) the runtime dir; returns resolved settings and whether we created it."""
+    created = not settings.runtime_dir
+    runtime = Path(settings.runtime_dir or tempfile.mkdtemp(prefix="kthena-router-"))
+    runtime.mkdir(parents=True, exist_ok=True)
+    prom = runtime / PROMETHEUS_SUBDIR
+    # Stale files of an earlier run would add old counts to ours.
+    if prom.exists():
+        shutil.rmtree(prom)
+    prom.mkdir()
+    for stale in runtime.glob("worker-*.json"):
+        stale.unlink(missing_ok=True)
+    resolved = RouterSettings(**{**_struct_dict(settings), "runtime_dir": str(runtime)}).resolved()
+    Path(resolved.reload_trigger_path).touch()
+    Path(resolved.drain_marker_path).unlink(missing_ok=True)
+    return resolved, created
+
+
+def _struct_dict(settings: RouterSettings) -> dict[str, Any]:
+    return {f: getattr(settings, f) for f in settings.__struct_fields__}
+
+
+def logging_config(level: str) -> dict[str, Any]:
+    """dictConfig for parent and workers: everything to stderr, one format."""
+    lvl = level.upper()
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"generic": {"format": "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"}},
+        "handlers": {
+            "console": {"class": "logging.StreamHandler", "formatter": "generic", "stream": "ext://sys.stderr"},
+        },
+        "loggers": {
+            "_granian": {"handlers": ["console"], "level": lvl, "propagate": False},
+            "granian.access": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+            # watchfiles logs every batch of file events at INFO.
+            "watchfiles": {"level": "WARNING"},
+        },
+        "root": {"handlers": ["console"], "level": lvl},
+    }
+
+
+class Supervisor:
+    """Runs the router until SIGTERM/SIGINT; `run()` returns the process exit code."""
+
+    def __init__(self, settings: RouterSettings, initial_config: RouterConfig) -> None:
+        self.settings = settings
+        self.initial_config = initial_config
+        self._server: Any = None
+        self._known_pids: set[int] = set()
+        self._stop = threading.Event()
+
+    # --- workers ---------------------------------------------------------------------
+
+    def worker_pids(self) -> list[int]:
+        server = self._server
+        if server is None:
+            return []
+        pids = []
+        for wrk in list(getattr(server, "wrks", [])):
+            try:
+                if wrk.is_alive() and wrk.inner.pid:
+                    pids.append(wrk.inner.pid)
+            except (AttributeError, ValueError):
+                continue
+        return pids
+
+    def _reap_loop(self) -> None:
+        """Forget dead workers: their live gauges and status files (counters stay summed)."""
+        from prometheus_client import multiprocess
+
+        while not self._stop.wait(0.5):
+            self._reap_once(multiprocess)
+        self._reap_once(multiprocess)
+
+    def _reap_once(self, multiprocess: Any) -> None:
+        alive = set(self.worker_pids())
+        for pid in list(self._known_pids - alive) + worker_status.dead_pids(self.settings.runtime_dir):
+            if pid in alive:
+                continue
+            multiprocess.mark_process_dead(pid, self.settings.prometheus_dir)
+            worker_status.remove(self.settings.runtime_dir, pid)
+            self._known_pids.discard(pid)
+        self._known_pids |= alive
+
+    # --- main --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        settings = self.settings
+        # Before anything imports prometheus_client: it picks file-backed values at import.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = settings.prometheus_dir
+        os.environ.update(settings.to_env())
+        # Fresh interpreters for workers: no inherited admin thread, locks or metric state.
+        multiprocessing.set_start_method("spawn", force=True)
+
+        from granian.constants import HTTPModes, Interfaces, Loops
+        from granian.log import LogLevels
+        from granian.server import Server
+
+        from kthena_router.admin import AdminServer, SupervisorView
+
+        view = SupervisorView(settings, self.worker_pids)
+        admin = AdminServer(view, self.initial_config)
+        admin.start()
+        log.info("admin server on http://%s:%d", settings.admin_host, settings.admin_port)
+
+        supervisor = self
+
+        class RouterServer(Server):  # type: ignore[misc, valid-type]
+            def signal_handler_interrupt(self, *args: Any, **kwargs: Any) -> None:
+                if view.draining:
+                    log.warning("second stop signal: killing workers now")
+                    for wrk in list(self.wrks):
+                        try:
+                            wrk.kill()
+                        except Exception:  # already gone
+                            pass
+                else:
+                    view.begin_drain()
+                    supervisor._write_drain_marker()
+                    log.warning(
+                        "stop signal: draining (readyz fails, in-flight requests get %.0fs)",
+                        settings.drain_grace_s,
+                    )
+                super().signal_handler_interrupt(*args, **kwargs)
+
+        server = RouterServer(
+            settings.app_factory,
+            address=settings.host,
+            port=settings.port,
+            interface=Interfaces.ASGI,
+            workers=settings.workers,
+            loop=Loops.uvloop,
+            http=HTTPModes.http1,
+            factory=True,
+            log_enabled=True,
+            log_level=LogLevels(settings.log_level.lower()),
+            log_dictconfig=logging_config(settings.log_level),
+            log_access=False,
+            respawn_failed_workers=True,
+            # granian takes whole seconds; the drain ends when the last request ends.
+            workers_kill_timeout=max(1, math.ceil(settings.drain_grace_s)),
+            backlog=2048,
+            websockets=False,
+            process_name=_process_name(settings),
+        )
+        self._server = server
+        reaper = threading.Thread(target=self._reap_loop, name="kthena-reaper", daemon=True)
+        reaper.start()
+        code = 0
+        try:
+            server.serve()
+        except SystemExit as exc:  # granian exits 1 when workers crashed for good
+            code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            self._stop.set()
+            reaper.join(timeout=5)
+            admin.stop()
+        if code:
+            log.error("router stopped: workers failed (see the log above)")
+        return code
+
+    def _write_drain_marker(self) -> None:
+        try:
+            Path(self.settings.drain_marker_path).touch()
+        except OSError:
+            pass
+
+
+def _process_name(settings: RouterSettings) -> str | None:
+    """`ps` shows "kthena-router HOST:PORT" (granian needs setproctitle for it)."""
+    try:
+        import setproctitle  # noqa: F401
+    except ImportError:
+        return None
+    return f"kthena-router {settings.host}:{settings.port}"
+
+
+def run(settings: RouterSettings, initial_config: RouterConfig) -> int:
+    """Prepare the runtime dir, run the router, clean up; returns the exit code."""
+    check_port_free(settings.host, settings.port, "listen address")
+    check_port_free(settings.admin_host, settings.admin_port, "admin address")
+    resolved, created = prepare_runtime_dir(settings)
+    try:
+        return Supervisor(resolved, initial_config).run()
+    finally:
+        if created:
+            shutil.rmtree(resolved.runtime_dir, ignore_errors=True)

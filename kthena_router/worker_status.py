@@ -1,0 +1,115 @@
+"""Per-worker status files: how the parent's admin server learns what each worker runs.
+
+A worker writes `<runtime_dir>/worker-<pid>.json` after every config (re)load attempt:
+the digest of the config it applies now, when, and the last reload error (if any).
+Writes are atomic (temp file + rename), so readers never see half a file.
+The parent reads them for /readyz (every worker up with a config) and for
+POST /admin/reload (wait until every worker applied the new digest).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+if TYPE_CHECKING:
+    from kthena_router.settings import RouterSettings
+
+_PREFIX = "worker-"
+_SUFFIX = ".json"
+
+
+class WorkerStatus(msgspec.Struct, kw_only=True):
+    pid: int
+    digest: str
+    """Digest of the config the worker serves now ("" if none loaded yet)."""
+    applied_at: float
+    """Unix time of the last successful apply."""
+    started_at: float = 0.0
+    last_error: str | None = None
+    """Message of the last failed reload (the old config stays in use), None if it succeeded."""
+    updated_at: float = 0.0
+
+
+def _path(runtime_dir: str, pid: int) -> Path:
+    return Path(runtime_dir) / f"{_PREFIX}{pid}{_SUFFIX}"
+
+
+def _write(runtime_dir: str, status: WorkerStatus) -> None:
+    target = _path(runtime_dir, status.pid)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_bytes(msgspec.json.encode(status))
+    os.replace(tmp, target)
+
+
+def _read_one(path: Path) -> WorkerStatus | None:
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=WorkerStatus)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+_started_at = 0.0  # set on the first report of this process
+
+
+def report_applied(settings: "RouterSettings", digest: str) -> None:
+    """Worker side: the config with `digest` is now in use (initial load or reload)."""
+    global _started_at
+    if not settings.runtime_dir:
+        return  # not started by the supervisor (e.g. a unit test building the app)
+    now = time.time()
+    _started_at = _started_at or now
+    _write(
+        settings.runtime_dir,
+        WorkerStatus(pid=os.getpid(), digest=digest, applied_at=now, started_at=_started_at, updated_at=now),
+    )
+
+
+def report_failed(settings: "RouterSettings", error: str) -> None:
+    """Worker side: a reload failed; the previously applied digest stays in use."""
+    if not settings.runtime_dir:
+        return
+    previous = _read_one(_path(settings.runtime_dir, os.getpid()))
+    now = time.time()
+    status = previous or WorkerStatus(pid=os.getpid(), digest="", applied_at=0.0)
+    _write(settings.runtime_dir, msgspec.structs.replace(status, last_error=error, updated_at=now))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_all(runtime_dir: str, *, alive_only: bool = True) -> list[WorkerStatus]:
+    """Parent side: status of every worker (of live processes only, by default), by pid."""
+    out: list[WorkerStatus] = []
+    for path in Path(runtime_dir).glob(f"{_PREFIX}*{_SUFFIX}"):
+        status = _read_one(path)
+        if status is None:
+            continue
+        if alive_only and not _pid_alive(status.pid):
+            continue
+        out.append(status)
+    return sorted(out, key=lambda s: s.pid)
+
+
+def remove(runtime_dir: str, pid: int) -> None:
+    """Parent side: forget a dead worker."""
+    try:
+        _path(runtime_dir, pid).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def dead_pids(runtime_dir: str) -> list[int]:
+    """Parent side: pids with a status file whose process is gone."""
+    return [s.pid for s in read_all(runtime_dir, alive_only=False) if not _pid_alive(s.pid)]

@@ -1,0 +1,1 @@
+"""Engine simulator: simulated vLLM/SGLang engines behind HTTP (shares no code with kthena_router)."""

@@ -1,0 +1,706 @@
+"""One simulated engine port: an aiohttp app that behaves on the wire like vLLM (or SGLang).
+
+Per port: one or more engine instances (DP ranks; requests go to the least busy),
+the loaded LoRA adapters, the fault knobs and the request accounting. The listening
+socket is owned here so that `refuse_connections` can close and reopen it.
+
+Faults apply to the inference endpoints (chat/completions); /health answers 503
+during slow start; `refuse_connections` closes the listener and resets any request
+arriving on an already open keep-alive connection (a dead process resets those too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from .accounting import RequestLog
+from .faults import Faults
+from .metrics_text import RankView, render
+from .tokenizer import ChatTemplateError, TextCodec, render_chat
+
+log = logging.getLogger("loadtest.simulator")
+
+JSON = "application/json"
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+DONE = b"data: [DONE]\n\n"
+DEFAULT_MAX_TOKENS = 16
+
+
+@dataclass
+class ServerConfig:
+    index: int
+    host: str
+    port: int
+    model: str
+    flavour: str = "vllm"            # vllm | sglang
+    max_loras: int = 4
+    loras: list[str] = field(default_factory=list)
+    max_model_len: int = 131072
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    seed: int = 0
+    fast: bool = False
+
+
+class ApiError(Exception):
+    """An OpenAI-style error answer (vLLM's shape: {"error": {...}})."""
+
+    def __init__(self, status: int, message: str, type_: str | None = None,
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_ or _ERROR_TYPES.get(status, "BadRequestError")
+        self.param = param
+
+    def response(self) -> web.Response:
+        return error_response(self.status, self.message, self.type, self.param)
+
+
+_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
+                502: "BadGatewayError", 503: "ServiceUnavailableError", 504: "GatewayTimeout"}
+
+
+def error_response(status: int, message: str, type_: str | None = None,
+                   param: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": type_ or _ERROR_TYPES.get(status, "Error"),
+                      "param": param, "code": status}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type=JSON)
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(obj), content_type=JSON)
+
+
+@dataclass
+class _Gen:
+    """A validated generation request."""
+
+    prompts: list[list[int]]
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    lora: str | None
+    model: str
+
+
+class EngineServer:
+    def __init__(self, cfg: ServerConfig, engines: list[Any], codec: TextCodec,
+                 faults: Faults | None = None) -> None:
+        self.cfg = cfg
+        self.engines = engines
+        self.active = [0] * len(engines)  # in-flight requests per DP rank
+        self.codec = codec
+        self.faults = faults or Faults()
+        self.requests = RequestLog()
+        self.loras: dict[str, str] = {name: f"/loras/{name}" for name in cfg.loras}
+        self.rng = random.Random(cfg.seed * 7919 + cfg.index)
+        self.created = int(time.time())
+        self._rr = itertools.count()
+        self._runner: web.AppRunner | None = None
+        self._site: web.SockSite | None = None
+        self.app = self._make_app()
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def _make_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._guard])
+        r = app.router
+        r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_post("/v1/completions", self.completions)
+        r.add_get("/v1/models", self.models)
+        r.add_post("/v1/load_lora_adapter", self.load_lora)
+        r.add_post("/v1/unload_lora_adapter", self.unload_lora)
+        r.add_get("/health", self.health)
+        r.add_get("/metrics", self.metrics)
+        r.add_post("/tokenize", self.tokenize)
+        r.add_post("/detokenize", self.detokenize)
+        r.add_post("/v1/chat/completions/render", self.render_chat)
+        r.add_post("/v1/completions/render", self.render_completions)
+        for path in ("/get_server_info", "/server_info"):
+            r.add_get(path, self.server_info)
+        for path in ("/get_model_info", "/model_info"):
+            r.add_get(path, self.model_info)
+        r.add_get("/get_load", self.get_load)
+        r.add_get("/load", self.get_load)
+        r.add_get("/health_generate", self.health_generate)
+        r.add_route("*", "/flush_cache", self.flush_cache)
+        r.add_get("/version", self.version)
+        return app
+
+    async def start(self) -> None:
+        for eng in self.engines:
+            await eng.start()
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        await self._listen()
+
+    async def _listen(self) -> None:
+        assert self._runner is not None
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.cfg.host, self.cfg.port))
+        self.cfg.port = sock.getsockname()[1]  # port 0 -> the one the OS chose, kept after
+        sock.listen(1024)
+        sock.setblocking(False)
+        self._site = web.SockSite(self._runner, sock)
+        await self._site.start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        for eng in self.engines:
+            await eng.stop()
+
+    async def set_refusing(self, refuse: bool) -> None:
+        """Close the listening socket (connects get ECONNREFUSED) or reopen it."""
+        if refuse and self._site is not None:
+            site, self._site = self._site, None
+            await site.stop()
+        elif not refuse and self._site is None:
+            await self._listen()
+
+    async def apply_faults(self, patch: dict[str, Any]) -> None:
+        self.faults.merge(patch)
+        await self.set_refusing(self.faults.refuse_connections)
+
+    async def reset_faults(self) -> None:
+        self.faults = Faults()
+        await self.set_refusing(False)
+
+    # --- middleware: refused connections and no tracebacks to clients -----------------
+    @web.middleware
+    async def _guard(self, request: web.Request, handler):
+        if self.faults.refuse_connections:
+            # a request on a connection opened before the listener closed: reset it
+            if request.transport is not None:
+                request.transport.abort()
+            await asyncio.sleep(3600)  # the connection loss cancels this handler
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return e.response()
+        except web.HTTPException:
+            raise
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception:
+            log.exception("engine %d: internal error on %s", self.cfg.index, request.path)
+            return error_response(500, "internal simulator error")
+
+    # --- helpers ------------------------------------------------------------------------
+    def served(self, model: Any) -> tuple[str, str | None]:
+        """-> (model name for the response, LoRA adapter or None); 404 if not served."""
+        if model is None:
+            return self.cfg.model, None
+        if not isinstance(model, str):
+            raise ApiError(400, "'model' must be a string", param="model")
+        if model == self.cfg.model:
+            return model, None
+        if model in self.loras:
+            return model, model
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+
+    @staticmethod
+    async def read_json(request: web.Request) -> dict[str, Any]:
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise ApiError(400, f"Invalid JSON body: {e}") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "The request body must be a JSON object")
+        return body
+
+    def pick_rank(self) -> int:
+        n = len(self.engines)
+        if n == 1:
+            return 0
+        start = next(self._rr) % n
+        return min(range(n), key=lambda i: (self.active[(start + i) % n], i)) + start
+
+    def _starting_error(self) -> ApiError:
+        return ApiError(503, "The engine is starting up.", "ServiceUnavailableError")
+
+    # --- inference ----------------------------------------------------------------------
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._inference(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._inference(request, chat=False)
+
+    async def _inference(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        entry = self.requests.add(headers.get("x-request-id"), request.path, headers)
+        try:
+            return await self._serve(request, entry, chat)
+        except ApiError as e:
+            entry["http_status"] = e.status
+            self.requests.set_status(entry, "rejected" if e.status < 500 else "errored")
+            return e.response()
+        except (asyncio.CancelledError, ConnectionError):
+            if entry["status"] in ("running", "stalled"):
+                self.requests.set_status(entry, "aborted")
+            raise
+
+    async def _serve(self, request: web.Request, entry: dict[str, Any],
+                     chat: bool) -> web.StreamResponse:
+        body = await self.read_json(request)
+        entry["model"] = body.get("model")
+        entry["stream"] = body.get("stream") is True
+        f = self.faults
+        if f.starting():
+            entry["fault"] = "slow_start"
+            raise self._starting_error()
+        if f.first_byte_delay_s > 0:
+            entry["fault"] = "first_byte_delay"
+            await asyncio.sleep(f.first_byte_delay_s)
+        if f.stall:
+            entry["fault"] = "stall"
+            self.requests.set_status(entry, "stalled")
+            await asyncio.Event().wait()  # until the client goes away (handler cancelled)
+        if f.roll_error(self.rng):
+            entry["fault"] = "error"
+            raise ApiError(f.error_status, "Simulated engine failure (error_rate fault).")
+        if f.garbage:
+            entry["fault"] = "garbage"
+            entry["http_status"] = 200
+            self.requests.set_status(entry, "errored")
+            return await self._garbage(request, entry["stream"])
+        gen = self._validate(body, chat)
+        entry["model"] = gen.model
+        entry["http_status"] = 200
+        if gen.stream:
+            return await self._stream(request, entry, gen, chat)
+        return await self._unary(request, entry, gen, chat)
+
+    def _validate(self, body: dict[str, Any], chat: bool) -> _Gen:
+        model, lora = self.served(body.get("model"))
+        n = body.get("n", 1)
+        if n is not None and n != 1:
+            raise ApiError(400, "Only n=1 is supported by the simulator.", param="n")
+        stream = body.get("stream", False)
+        if stream is None:
+            stream = False
+        if not isinstance(stream, bool):
+            raise ApiError(400, "'stream' must be a boolean", param="stream")
+        opts = body.get("stream_options")
+        include_usage = False
+        if opts is not None:
+            if not stream:
+                raise ApiError(400, "Stream options can only be defined when `stream=True`.",
+                               param="stream_options")
+            if not isinstance(opts, dict):
+                raise ApiError(400, "'stream_options' must be an object", param="stream_options")
+            include_usage = opts.get("include_usage") is True
+        max_tokens = body.get("max_completion_tokens") if chat else None
+        if max_tokens is None:
+            max_tokens = body.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = DEFAULT_MAX_TOKENS
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ApiError(400, "max_tokens must be an integer of at least 1", param="max_tokens")
+        if chat:
+            try:
+                text = render_chat(body.get("messages"),
+                                   body.get("add_generation_prompt", True) is not False)
+            except ChatTemplateError as e:
+                raise ApiError(400, str(e), param="messages") from None
+            prompts = [self.codec.encode(text)]
+        else:
+            prompts = self._prompts(body.get("prompt"))
+        for p in prompts:
+            if len(p) + max_tokens > self.cfg.max_model_len:
+                raise ApiError(
+                    400, f"This model's maximum context length is {self.cfg.max_model_len} "
+                    f"tokens. However, you requested {len(p) + max_tokens} tokens "
+                    f"({len(p)} in the messages, {max_tokens} in the completion). "
+                    "Please reduce the length of the messages or completion.", param="messages")
+        return _Gen(prompts, max_tokens, stream, include_usage, lora, model)
+
+    def _prompts(self, prompt: Any) -> list[list[int]]:
+        """A string, a list of strings, a list of token ids, or a list of such lists."""
+        def ids_ok(x: Any) -> bool:
+            return bool(x) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                   for t in x)
+
+        if isinstance(prompt, str) and prompt:
+            return [self.codec.encode(prompt, add_special_tokens=True)]
+        if isinstance(prompt, list) and prompt:
+            if all(isinstance(p, str) and p for p in prompt):
+                return [self.codec.encode(p, add_special_tokens=True) for p in prompt]
+            if ids_ok(prompt):
+                return [list(prompt)]
+            if all(isinstance(p, list) and ids_ok(p) for p in prompt):
+                return [list(p) for p in prompt]
+        raise ApiError(400, "'prompt' must be a non-empty string, list of strings, list of "
+                       "token ids or list of token-id lists", param="prompt")
+
+    def _submit(self, rid: str, prompt: list[int], gen: _Gen) -> tuple[int, Any]:
+        from .fast_engine import GenRequest  # same fields as engine.GenRequest
+        rank = self.pick_rank()
+        try:
+            handle = self.engines[rank].submit(GenRequest(rid, prompt, gen.max_tokens, gen.lora))
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+        self.active[rank] += 1
+        return rank, handle
+
+    def _release(self, rank: int, rid: str, handle: Any, entry: dict[str, Any]) -> None:
+        self.active[rank] -= 1
+        if handle.finish_reason is None:  # client went away or we died: free its blocks
+            self.engines[rank].abort(rid)
+
+    async def _unary(self, request: web.Request, entry: dict[str, Any], gen: _Gen,
+                     chat: bool) -> web.StreamResponse:
+        base_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        die = self.faults.die_after_tokens
+        choices, prompt_tokens, completion_tokens = [], 0, 0
+        for i, prompt in enumerate(gen.prompts):
+            rid = f"{base_id}-{i}"
+            rank, handle = self._submit(rid, prompt, gen)
+            out: list[int] = []
+            try:
+                async for tok in handle:
+                    out.append(tok)
+                    entry["tokens_out"] += 1
+                    if die is not None and entry["tokens_out"] >= die:
+                        break
+            finally:
+                self._release(rank, rid, handle, entry)
+            if die is not None and entry["tokens_out"] >= die or die == 0:
+                return await self._die(request, entry)
+            text = "".join(self.codec.piece_json(t).decode()[1:-1] for t in ())  # placeholder
+            text = self.codec.decode_generated(out)
+            prompt_tokens += len(prompt)
+            completion_tokens += len(out)
+            reason = handle.finish_reason or "length"
+            if chat:
+                choices.append({"index": i, "message": {
+                    "role": "assistant", "content": text, "refusal": None, "annotations": None,
+                    "audio": None, "function_call": None, "tool_calls": [],
+                    "reasoning_content": None}, "logprobs": None, "finish_reason": reason,
+                    "stop_reason": None})
+            else:
+                choices.append({"index": i, "text": text, "logprobs": None,
+                                "finish_reason": reason, "stop_reason": None,
+                                "prompt_logprobs": None})
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+                 "completion_tokens": completion_tokens, "prompt_tokens_details": None}
+        obj: dict[str, Any] = {"id": base_id, "object": "chat.completion" if chat
+                               else "text_completion", "created": int(time.time()),
+                               "model": gen.model, "choices": choices, "usage": usage}
+        if chat:
+            obj.update(service_tier=None, system_fingerprint=None, prompt_logprobs=None)
+        obj["kv_transfer_params"] = None
+        self.requests.set_status(entry, "completed")
+        return json_response(obj)
+
+    async def _stream(self, request: web.Request, entry: dict[str, Any], gen: _Gen,
+                      chat: bool) -> web.StreamResponse:
+        base_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        created = int(time.time())
+        model_json = orjson.dumps(gen.model).decode()
+        head = (f'data: {{"id":"{base_id}","object":"'
+                f'{"chat.completion.chunk" if chat else "text_completion"}",'
+                f'"created":{created},"model":{model_json},"choices":[').encode()
+        die = self.faults.die_after_tokens
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        await resp.prepare(request)
+        if die == 0:
+            return await self._die(request, entry)
+        prompt_tokens = completion_tokens = 0
+        codec = self.codec
+        for i, prompt in enumerate(gen.prompts):
+            rid = f"{base_id}-{i}"
+            rank, handle = self._submit(rid, prompt, gen)
+            if chat:
+                pre = head + b'{"index":%d,"delta":{"content":' % i
+                mid = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+                last = b'},"logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
+                role = head + (b'{"index":%d,"delta":{"role":"assistant","content":""},'
+                               b'"logprobs":null,"finish_reason":null}]}\n\n' % i)
+            else:
+                pre = head + b'{"index":%d,"text":' % i
+                mid = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+                last = b',"logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
+                role = b""
+            n = 0
+            sent_final = False
+            try:
+                async for tok in handle:
+                    n += 1
+                    final = n == gen.max_tokens
+                    chunk = pre + codec.piece_json(tok) + (last if final else mid)
+                    if n == 1 and role:
+                        chunk = role + chunk
+                    await resp.write(chunk)
+                    sent_final = final
+                    entry["tokens_out"] += 1
+                    if die is not None and entry["tokens_out"] >= die:
+                        break
+            finally:
+                self._release(rank, rid, handle, entry)
+            if die is not None and entry["tokens_out"] >= die:
+                return await self._die(request, entry)
+            if not sent_final:  # ended early (engine clamp or abort): close the choice
+                reason = handle.finish_reason or "length"
+                end = (b'{"index":%d,"delta":{"content":""},"logprobs":null,"finish_reason":'
+                       % i if chat else b'{"index":%d,"text":"","logprobs":null,'
+                       b'"finish_reason":' % i)
+                await resp.write(head + end + orjson.dumps(reason) +
+                                 b',"stop_reason":null}]}\n\n')
+            prompt_tokens += len(prompt)
+            completion_tokens += n
+        tail = b""
+        if gen.include_usage:
+            usage = {"prompt_tokens": prompt_tokens,
+                     "total_tokens": prompt_tokens + completion_tokens,
+                     "completion_tokens": completion_tokens}
+            tail = head[:-1] + b"]," + b'"usage":' + orjson.dumps(usage) + b"}\n\n"
+        await resp.write(tail + DONE)
+        self.requests.set_status(entry, "completed")
+        await resp.write_eof()
+        return resp
+
+    async def _die(self, request: web.Request, entry: dict[str, Any]) -> web.StreamResponse:
+        entry["fault"] = "die"
+        self.requests.set_status(entry, "died")
+        if request.transport is not None:
+            request.transport.abort()
+        await asyncio.sleep(3600)  # the connection loss cancels this handler
+        raise ConnectionResetError("died")
+
+    async def _garbage(self, request: web.Request, stream: bool) -> web.StreamResponse:
+        if not stream:
+            return web.Response(status=200, body=b'{"id": "cmpl-garbage", "choices": [{"te',
+                                content_type=JSON)
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        await resp.prepare(request)
+        await resp.write(b'data: {"id": "chatcmpl-garbage", "choices": [{"delta": {"con\n\n'
+                         b"data: this is not json\n\n"
+                         b"\x00\xffgarbage without an SSE field\n\n")
+        await resp.write_eof()
+        return resp
+
+    # --- models and LoRA ------------------------------------------------------------------
+    async def models(self, request: web.Request) -> web.Response:
+        if self.faults.starting():
+            raise self._starting_error()
+
+        def card(mid: str, root: str, parent: str | None) -> dict[str, Any]:
+            return {"id": mid, "object": "model", "created": self.created, "owned_by": "vllm",
+                    "root": root, "parent": parent, "max_model_len": self.cfg.max_model_len,
+                    "permission": [{"id": f"modelperm-{mid}", "object": "model_permission",
+                                    "created": self.created, "allow_create_engine": False,
+                                    "allow_sampling": True, "allow_logprobs": True,
+                                    "allow_search_indices": False, "allow_view": True,
+                                    "allow_fine_tuning": False, "organization": "*",
+                                    "group": None, "is_blocking": False}]}
+
+        data = [card(self.cfg.model, self.cfg.model, None)]
+        data += [card(name, path, self.cfg.model) for name, path in self.loras.items()]
+        return json_response({"object": "list", "data": data})
+
+    async def load_lora(self, request: web.Request) -> web.Response:
+        body = await self.read_json(request)
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise ApiError(400, "Both 'lora_name' and 'lora_path' must be provided.",
+                           param="lora_name")
+        if name in self.loras or name == self.cfg.model:
+            raise ApiError(400, f"The lora adapter '{name}' has already been loaded.",
+                           param="lora_name")
+        if len(self.loras) >= self.cfg.max_loras:
+            raise ApiError(400, f"Cannot load LoRA adapter '{name}': max_loras="
+                           f"{self.cfg.max_loras} adapters are already loaded.",
+                           param="lora_name")
+        self.loras[name] = path
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora(self, request: web.Request) -> web.Response:
+        body = await self.read_json(request)
+        name = body.get("lora_name")
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, "'lora_name' must be provided.", param="lora_name")
+        if name not in self.loras:
+            raise ApiError(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError",
+                           "lora_name")
+        del self.loras[name]
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    # --- health, metrics, probes of other routers -----------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        if self.faults.starting():
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        if self.faults.starting():
+            return web.Response(status=503)
+        rank, handle = self._submit(f"health-{uuid.uuid4().hex}", [1, 2, 3],
+                                    _Gen([], 1, False, False, None, self.cfg.model))
+        try:
+            async for _ in handle:
+                pass
+        finally:
+            self.active[rank] -= 1
+            if handle.finish_reason is None:
+                self.engines[rank].abort(handle.request_id)
+        return web.Response(status=200)
+
+    def views(self) -> list[RankView]:
+        return [RankView(i, e.snapshot()) for i, e in enumerate(self.engines)]
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = render(self.cfg.flavour, self.cfg.model, self.views(), self.cfg.max_loras)
+        return web.Response(body=body, headers={
+            "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    def state(self) -> dict[str, Any]:
+        ranks = []
+        for v in self.views():
+            s = v.snap
+            ranks.append({"rank": v.rank, "running": s.running, "waiting": s.waiting,
+                          "kv_usage": s.kv_usage, "num_gpu_blocks": s.num_gpu_blocks,
+                          "cached_free_blocks": s.cached_free_blocks,
+                          "cached_blocks": getattr(s, "cached_blocks", 0),
+                          "prefix_queries_total": s.prefix_queries_total,
+                          "prefix_hits_total": s.prefix_hits_total,
+                          "preemptions_total": s.preemptions_total,
+                          "lag_seconds": s.lag_seconds, "lag_max_seconds": s.lag_max_seconds,
+                          "steps_total": s.steps_total, "busy_fraction": s.busy_fraction})
+
+        def total(k: str) -> float:
+            return sum(r[k] for r in ranks)
+
+        return {"index": self.cfg.index, "port": self.cfg.port,
+                "running": total("running"), "waiting": total("waiting"),
+                "kv_usage": total("kv_usage") / len(ranks),
+                "cached_free_blocks": total("cached_free_blocks"),
+                "lag_seconds": max(r["lag_seconds"] for r in ranks),
+                "lag_max_seconds": max(r["lag_max_seconds"] for r in ranks),
+                "loras": list(self.loras), "ranks": ranks}
+
+    def summary(self) -> dict[str, Any]:
+        return {"index": self.cfg.index, "port": self.cfg.port, "host": self.cfg.host,
+                "model": self.cfg.model, "flavour": self.cfg.flavour, "fast": self.cfg.fast,
+                "dp_ranks": len(self.engines), "loras": list(self.loras),
+                "listening": self._site is not None}
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        snaps = [v.snap for v in self.views()]
+        return json_response({
+            "model_path": self.cfg.model, "served_model_name": self.cfg.model,
+            "tokenizer_path": self.cfg.model, "host": self.cfg.host, "port": self.cfg.port,
+            "dp_size": len(self.engines), "tp_size": 1, "page_size": self.cfg.block_size,
+            "max_running_requests": self.cfg.max_num_seqs,
+            "chunked_prefill_size": self.cfg.max_num_batched_tokens,
+            "context_length": self.cfg.max_model_len, "max_loras_per_batch": self.cfg.max_loras,
+            "max_total_num_tokens": sum(s.num_gpu_blocks for s in snaps) * self.cfg.block_size,
+            "disaggregation_mode": "null", "disaggregation_bootstrap_port": 8998,
+            "version": "0.4.9-simulated",
+            "internal_states": [{"dp_rank": i, "num_running_reqs": s.running,
+                                 "num_queue_reqs": s.waiting, "token_usage": s.kv_usage}
+                                for i, s in enumerate(snaps)],
+        })
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return json_response({
+            "model_path": self.cfg.model, "tokenizer_path": self.cfg.model,
+            "is_generation": True, "preferred_sampling_params": None,
+            "weight_version": "default", "has_image_understanding": False,
+            "has_audio_understanding": False, "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"]})
+
+    async def get_load(self, request: web.Request) -> web.Response:
+        # {"load": N} is what sglang-router / vllm-router read; per-rank detail beside it
+        snaps = [v.snap for v in self.views()]
+        per_rank = [{"dp_rank": i, "num_reqs": s.running + s.waiting,
+                     "num_waiting_reqs": s.waiting,
+                     "num_tokens": round(s.kv_usage * s.num_gpu_blocks * self.cfg.block_size)}
+                    for i, s in enumerate(snaps)]
+        return json_response({"load": sum(r["num_reqs"] for r in per_rank),
+                              "server_load": sum(r["num_reqs"] for r in per_rank),
+                              "ranks": per_rank})
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        ok = all(e.reset_prefix_cache() for e in self.engines
+                 if hasattr(e, "reset_prefix_cache"))
+        if ok:
+            return web.Response(text="Cache flushed.\nPlease check backend logs for more details. "
+                                "(When there are running or waiting requests, the operation "
+                                "will not be performed.)\n")
+        return web.Response(status=400, text="Cache not flushed: requests are running.\n")
+
+    async def version(self, request: web.Request) -> web.Response:
+        return json_response({"version": "0.0.0-simulator"})
+
+    # --- tokenizer endpoints --------------------------------------------------------------
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await self.read_json(request)
+        self.served(body.get("model"))
+        if "messages" in body:
+            try:
+                text = render_chat(body["messages"],
+                                   body.get("add_generation_prompt", True) is not False)
+            except ChatTemplateError as e:
+                raise ApiError(400, str(e), param="messages") from None
+            ids = self.codec.encode(text, body.get("add_special_tokens", False) is True)
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                raise ApiError(400, "'prompt' (a string) or 'messages' is required",
+                               param="prompt")
+            ids = self.codec.encode(prompt, body.get("add_special_tokens", True) is not False)
+        strs = self.codec.token_strs(ids) if body.get("return_token_strs") else None
+        return json_response({"count": len(ids), "max_model_len": self.cfg.max_model_len,
+                              "tokens": ids, "token_strs": strs})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await self.read_json(request)
+        self.served(body.get("model"))
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise ApiError(400, "'tokens' must be a list of token ids", param="tokens")
+        text = self.codec.tokenizer.decode(tokens, skip_special_tokens=False)
+        return json_response({"prompt": text})
+
+    def _render_one(self, rid: str, ids: list[int], body: dict[str, Any],
+                    model: str) -> dict[str, Any]:
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        return {"request_id": rid, "token_ids": ids, "features": None,
+                "sampling_params": {"max_tokens": max_tokens or DEFAULT_MAX_TOKENS},
+                "model": model, "stream": body.get("stream") is True, "cache_salt": None,
+                "priority": 0, "kv_transfer_params": None}
+
+    async def render_chat(self, request: web.Request) -> web.Response:
+        """vLLM's /v1/chat/completions/render: the prompt token ids, no generation."""
+        body = await self.read_json(request)
+        model, _ = self.served(body.get("model"))
+        try:
+            text = render_chat(body.get("messages"),
+                               body.get("add_generation_prompt", True) is not False)
+        except ChatTemplateError as e:
+            raise ApiError(400, str(e), param="messages") from None
+        return json_response(self._render_one("chatcmpl-" + uuid.uuid4().hex,
+                                              self.codec.encode(text), body, model))
+
+    async def render_completions(self, request: web.Request) -> web.Response:
+        body = await self.read_json(request)
+        model, _ = self.served(body.get("model"))
+        prompts = self._prompts(body.get("prompt"))
+        rid = "cmpl-" + uuid.uuid4().hex
+        return json_response([self._render_one(f"{rid}-{i}", p, body, model)
+                              for i, p in enumerate(prompts)])

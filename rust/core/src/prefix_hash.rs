@@ -1,0 +1,99 @@
+//! Chained block hashes of a prompt, for the approximate prefix-cache index.
+//!
+//! The prompt bytes are cut into blocks of `block_size` bytes; a trailing partial block is
+//! not hashed (an engine cannot have cached it either). Block `i` hashes as
+//!
+//! ```text
+//! h_i = xxh3_64_with_seed(le_bytes(h_{i-1}) || block_i, seed),   h_{-1} = seed
+//! ```
+//!
+//! so `h_i` identifies the whole prefix `block_0..=block_i`: equal hashes at position `i`
+//! mean equal prefixes (up to 64-bit collisions), which lets the index store one hash per
+//! block instead of prefixes. The seed comes from the (model, LoRA adapter) pair
+//! ([`seed_for`]), so one index can serve every model without cross-model matches.
+
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+/// Seed of the hash chain for a (model, LoRA adapter) pair; `lora` is empty for the base
+/// model. 0xFF separates the parts: it never occurs in UTF-8, so ("ab", "c") != ("a", "bc").
+pub fn seed_for(model: &[u8], lora: &[u8]) -> u64 {
+    let mut buf = Vec::with_capacity(model.len() + 1 + lora.len());
+    buf.extend_from_slice(model);
+    buf.push(0xFF);
+    buf.extend_from_slice(lora);
+    xxh3_64(&buf)
+}
+
+/// Append the chain hashes of at most `max_blocks` full blocks of `prompt` to `out`.
+/// `block_size == 0` hashes nothing.
+pub fn chain_hashes(
+    prompt: &[u8],
+    block_size: usize,
+    seed: u64,
+    max_blocks: usize,
+    out: &mut Vec<u64>,
+) {
+    if block_size == 0 {
+        return;
+    }
+    let n = (prompt.len() / block_size).min(max_blocks);
+    out.reserve(n);
+    // One reused buffer: the previous hash followed by the block.
+    let mut buf = vec![0u8; 8 + block_size];
+    let mut prev = seed;
+    for block in prompt.chunks_exact(block_size).take(n) {
+        buf[..8].copy_from_slice(&prev.to_le_bytes());
+        buf[8..].copy_from_slice(block);
+        prev = xxh3_64_with_seed(&buf, seed);
+        out.push(prev);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hashes(p: &[u8], bs: usize, seed: u64, max: usize) -> Vec<u64> {
+        let mut v = Vec::new();
+        chain_hashes(p, bs, seed, max, &mut v);
+        v
+    }
+
+    #[test]
+    fn matches_definition() {
+        let p = b"abcdefghij";
+        let s: u64 = 7;
+        let h0 = xxh3_64_with_seed(&[&s.to_le_bytes()[..], b"abcd"].concat(), s);
+        let h1 = xxh3_64_with_seed(&[&h0.to_le_bytes()[..], b"efgh"].concat(), s);
+        assert_eq!(hashes(p, 4, s, 100), vec![h0, h1]); // "ij" is a partial block
+    }
+
+    #[test]
+    fn limits() {
+        assert!(hashes(b"abc", 4, 1, 10).is_empty());
+        assert!(hashes(b"abcdefgh", 0, 1, 10).is_empty());
+        assert_eq!(hashes(b"abcdefgh", 2, 1, 3).len(), 3);
+        assert_eq!(hashes(b"abcdefgh", 2, 1, 0).len(), 0);
+    }
+
+    #[test]
+    fn shared_prefix_shares_hashes_then_diverges_forever() {
+        let a = b"0123456789abcdefXXXX0123";
+        let b = b"0123456789abcdefYYYY0123";
+        let (ha, hb) = (hashes(a, 4, 9, 100), hashes(b, 4, 9, 100));
+        assert_eq!(ha[..4], hb[..4]);
+        // Block 5 ("0123") is equal in both, but its prefix differs.
+        assert!(ha[4..].iter().zip(&hb[4..]).all(|(x, y)| x != y));
+    }
+
+    #[test]
+    fn seed_separates_models_and_adapters() {
+        assert_ne!(seed_for(b"m", b""), seed_for(b"m", b"lora"));
+        assert_ne!(seed_for(b"ab", b"c"), seed_for(b"a", b"bc"));
+        let p = b"abcdabcd";
+        assert_ne!(
+            hashes(p, 4, seed_for(b"m", b""), 9),
+            hashes(p, 4, seed_for(b"n", b""), 9)
+        );
+    }
+}

@@ -1,0 +1,159 @@
+//! Binding of the prefix-cache hashing and index: bytes and ints only.
+
+use kthena_core::{prefix_hash, prefix_index};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+/// Hash work (bytes actually hashed) above which the GIL is released.
+const GIL_RELEASE_BYTES: usize = 32 * 1024;
+
+/// The chain hashes of one prompt, kept in Rust: the request path hands them back to
+/// `PrefixIndex.insert` without building a Python int per block.
+#[pyclass(frozen, module = "kthena_router._core")]
+pub struct BlockHashes {
+    hashes: Vec<u64>,
+}
+
+#[pymethods]
+impl BlockHashes {
+    #[new]
+    fn new(hashes: Vec<u64>) -> Self {
+        BlockHashes { hashes }
+    }
+
+    fn __len__(&self) -> usize {
+        self.hashes.len()
+    }
+
+    fn tolist(&self) -> Vec<u64> {
+        self.hashes.clone()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("BlockHashes(<{} blocks>)", self.hashes.len())
+    }
+}
+
+fn hash_prompt(
+    py: Python<'_>,
+    prompt: &[u8],
+    block_size: usize,
+    seed: u64,
+    max_blocks: usize,
+) -> PyResult<Vec<u64>> {
+    if block_size == 0 {
+        return Err(PyValueError::new_err("block_size must be positive"));
+    }
+    let mut out = Vec::new();
+    let work = (prompt.len() / block_size)
+        .min(max_blocks)
+        .saturating_mul(block_size);
+    if work > GIL_RELEASE_BYTES {
+        py.allow_threads(|| {
+            prefix_hash::chain_hashes(prompt, block_size, seed, max_blocks, &mut out)
+        });
+    } else {
+        prefix_hash::chain_hashes(prompt, block_size, seed, max_blocks, &mut out);
+    }
+    Ok(out)
+}
+
+/// Seed of the hash chain for a (model, LoRA adapter) pair (`lora` empty for the base model).
+#[pyfunction]
+pub fn prefix_seed(model: &[u8], lora: &[u8]) -> u64 {
+    prefix_hash::seed_for(model, lora)
+}
+
+/// Chain hashes of the full blocks of `prompt` (at most `max_blocks`).
+#[pyfunction]
+pub fn prefix_hashes(
+    py: Python<'_>,
+    prompt: &[u8],
+    block_size: usize,
+    seed: u64,
+    max_blocks: usize,
+) -> PyResult<BlockHashes> {
+    Ok(BlockHashes {
+        hashes: hash_prompt(py, prompt, block_size, seed, max_blocks)?,
+    })
+}
+
+/// Which endpoint (u32 id) holds which block hash, with a per-endpoint LRU capacity.
+/// Not thread-safe across Python threads while a long prompt is hashed (the GIL is
+/// released then; a concurrent call raises "Already borrowed"): one index per event loop.
+#[pyclass(module = "kthena_router._core")]
+pub struct PrefixIndex {
+    inner: prefix_index::PrefixIndex,
+    out: Vec<(u32, u32)>,
+}
+
+#[pymethods]
+impl PrefixIndex {
+    #[new]
+    fn new(default_capacity: u32) -> Self {
+        PrefixIndex {
+            inner: prefix_index::PrefixIndex::new(default_capacity),
+            out: Vec::new(),
+        }
+    }
+
+    /// The request path in one call: hash the prompt, then match the chain.
+    /// Returns (hashes, [(endpoint, matched_blocks)]) for endpoints matching >= 1 block.
+    fn match_prompt(
+        &mut self,
+        py: Python<'_>,
+        prompt: &[u8],
+        block_size: usize,
+        seed: u64,
+        max_blocks: usize,
+    ) -> PyResult<(BlockHashes, Vec<(u32, u32)>)> {
+        let hashes = hash_prompt(py, prompt, block_size, seed, max_blocks)?;
+        self.inner.match_hashes(&hashes, &mut self.out);
+        Ok((BlockHashes { hashes }, self.out.clone()))
+    }
+
+    /// Match precomputed hashes: [(endpoint, matched_blocks)] for endpoints matching >= 1.
+    fn match_hashes(&mut self, hashes: &BlockHashes) -> Vec<(u32, u32)> {
+        self.inner.match_hashes(&hashes.hashes, &mut self.out);
+        self.out.clone()
+    }
+
+    /// Record that `endpoint` now holds the chain (call at dispatch).
+    fn insert(&mut self, endpoint: u32, hashes: &BlockHashes) {
+        self.inner.insert(endpoint, &hashes.hashes);
+    }
+
+    /// Forget these hashes for `endpoint`; returns how many it held.
+    fn evict(&mut self, endpoint: u32, hashes: &BlockHashes) -> usize {
+        self.inner.evict(endpoint, &hashes.hashes)
+    }
+
+    /// Purge an endpoint; returns the entries removed.
+    fn remove_endpoint(&mut self, endpoint: u32) -> usize {
+        self.inner.remove_endpoint(endpoint)
+    }
+
+    /// Set an endpoint's capacity in entries, evicting its least recently used above it.
+    fn set_capacity(&mut self, endpoint: u32, capacity: u32) {
+        self.inner.set_capacity(endpoint, capacity);
+    }
+
+    fn endpoint_len(&self, endpoint: u32) -> usize {
+        self.inner.endpoint_len(endpoint)
+    }
+
+    fn endpoints(&self) -> Vec<u32> {
+        let mut v = self.inner.endpoints();
+        v.sort_unstable();
+        v
+    }
+
+    /// Bytes allocated by the index's own structures.
+    fn memory_bytes(&self) -> usize {
+        self.inner.memory_bytes()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+}
