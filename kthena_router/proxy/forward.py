@@ -147,7 +147,7 @@ class _Request:
 
     __slots__ = ("fw", "scope", "t0", "path", "request_id", "fwd_headers", "header_map", "model_label",
                  "route_label", "server_label", "endpoint_label", "status", "error_type", "committed",
-                 "response_headers")
+                 "response_headers", "watch")
 
     def __init__(self, fw: Forwarder, scope: Scope, t0: float) -> None:
         self.fw = fw
@@ -165,6 +165,7 @@ class _Request:
         self.error_type = ""
         self.committed = False
         self.response_headers: list[tuple[bytes, bytes]] = []
+        self.watch: _Disconnect | None = None
 
     # --- entry ----------------------------------------------------------------------
 
@@ -190,12 +191,13 @@ class _Request:
                 self.model_label = body.model
                 downstream = self.fw.metrics.downstream(body.model)
                 downstream.inc()
-                watch = _Disconnect(receive)
+                watch = self.watch = _Disconnect(receive)
                 await self._forward(send, body, match, state.targets.get(match.server.key, ()))
             except RequestError as err:
                 self.status = err.status
                 self.error_type = err.type
                 if not self.committed:
+                    self._last_send()
                     await send_error(send, err, self.response_headers)
         except ClientDisconnected:
             self.status, self.error_type = 499, "client_disconnect"
@@ -222,6 +224,12 @@ class _Request:
             self.fw.metrics.observe_request(
                 self.model_label, _path_label(self.path), self.status, self.error_type, self.route_label,
                 self.server_label, self.endpoint_label, time.perf_counter() - self.t0)
+
+    def _last_send(self) -> None:
+        """From here on the response completes; a disconnect seen now must not cancel us
+        (granian's receive() also reports http.disconnect once the response is done)."""
+        if self.watch is not None:
+            self.watch.finished = True
 
     def _split_headers(self, raw_headers: list[tuple[bytes, bytes]]) -> None:
         fwd = self.fwd_headers
@@ -361,6 +369,7 @@ class _Request:
         self.status = status
         if status >= 400:
             self.error_type = "upstream_4xx"
+        self._last_send()
         await send({"type": "http.response.start", "status": status,
                     "headers": self._start_headers(resp, len(data))})
         await send({"type": "http.response.body", "body": data, "more_body": False})
@@ -422,11 +431,13 @@ class _Request:
             metrics.upstream_error(self.server_label, ep.key, failure.value)
             ep.health.record_failure(failure)
             self.status, self.error_type = 502, "upstream_error_after_first_byte"
+            self._last_send()
             await send({"type": "http.response.body", "more_body": False,
                         "body": sse_error_event("upstream failed during the stream "
                                                 f"({failure.value}); the response is incomplete")})
         else:
             ep.health.record_success()
+            self._last_send()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         path = _path_label(self.path)
         metrics.observe_ttft(self.model_label, path, t_first - self.t0)

@@ -21,6 +21,24 @@ class InvalidStream(Exception):
     """The engine's output is not an SSE stream."""
 
 
+def _check_events(block: bytes) -> None:
+    """Every event has an SSE field and every data payload is JSON (or [DONE])."""
+    for event in block.split(b"\n\n"):
+        event = event.strip(b"\r\n")
+        if not event:
+            continue
+        if not event.startswith(_FIELD_STARTS):
+            raise InvalidStream("response is not an event stream")
+        for line in event.splitlines():
+            if line.startswith(b"data:"):
+                data = line[5:].strip()
+                if data != b"[DONE]":
+                    try:
+                        orjson.loads(data)
+                    except orjson.JSONDecodeError:
+                        raise InvalidStream("data event is not JSON") from None
+
+
 class SseRelay:
     """Per-request state of one streamed response."""
 
@@ -54,9 +72,10 @@ class SseRelay:
             self._pending = buf[cut:]
             out = buf[:cut]
         if not self.started:
-            if not out.lstrip().startswith(_FIELD_STARTS):
-                raise InvalidStream("response is not an event stream")
+            _check_events(out)  # fully, once: garbage found here is retried elsewhere
             self.started = True
+        elif not out.lstrip(b"\r\n").startswith(_FIELD_STARTS):  # later reads: a cheap check
+            raise InvalidStream("response is not an event stream")
         if _USAGE in out:
             out = self._take_usage(out)
         if not self.saw_done and _DONE in out:

@@ -25,6 +25,7 @@ import orjson
 from aiohttp import web
 
 from .accounting import RequestLog
+from .fast_engine import GenRequest  # same fields as engine.GenRequest (duck-typed)
 from .faults import Faults
 from .metrics_text import RankView, render
 from .tokenizer import ChatTemplateError, TextCodec, render_chat
@@ -191,7 +192,9 @@ class EngineServer:
             return await handler(request)
         except ApiError as e:
             return e.response()
-        except web.HTTPException:
+        except web.HTTPException as e:
+            if e.status >= 400:
+                return error_response(e.status, e.reason)
             raise
         except (asyncio.CancelledError, ConnectionError):
             raise
@@ -227,8 +230,8 @@ class EngineServer:
         n = len(self.engines)
         if n == 1:
             return 0
-        start = next(self._rr) % n
-        return min(range(n), key=lambda i: (self.active[(start + i) % n], i)) + start
+        start = next(self._rr) % n  # rotate the tie-break so equal ranks take turns
+        return min(((start + i) % n for i in range(n)), key=self.active.__getitem__)
 
     def _starting_error(self) -> ApiError:
         return ApiError(503, "The engine is starting up.", "ServiceUnavailableError")
@@ -347,55 +350,68 @@ class EngineServer:
         raise ApiError(400, "'prompt' must be a non-empty string, list of strings, list of "
                        "token ids or list of token-id lists", param="prompt")
 
-    def _submit(self, rid: str, prompt: list[int], gen: _Gen) -> tuple[int, Any]:
-        from .fast_engine import GenRequest  # same fields as engine.GenRequest
+    def _submit(self, rid: str, prompt: list[int], max_tokens: int,
+                lora: str | None) -> tuple[int, Any]:
         rank = self.pick_rank()
         try:
-            handle = self.engines[rank].submit(GenRequest(rid, prompt, gen.max_tokens, gen.lora))
+            handle = self.engines[rank].submit(GenRequest(rid, prompt, max_tokens, lora))
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         self.active[rank] += 1
         return rank, handle
 
-    def _release(self, rank: int, rid: str, handle: Any, entry: dict[str, Any]) -> None:
-        self.active[rank] -= 1
-        if handle.finish_reason is None:  # client went away or we died: free its blocks
-            self.engines[rank].abort(rid)
+    def _submit_all(self, base_id: str, gen: _Gen) -> list[tuple[str, int, Any]]:
+        """Submit every prompt at once (they run concurrently, as in vLLM)."""
+        subs: list[tuple[str, int, Any]] = []
+        try:
+            for i, prompt in enumerate(gen.prompts):
+                rid = f"{base_id}-{i}"
+                rank, handle = self._submit(rid, prompt, gen.max_tokens, gen.lora)
+                subs.append((rid, rank, handle))
+        except BaseException:
+            self._release_all(subs)
+            raise
+        return subs
+
+    def _release_all(self, subs: list[tuple[str, int, Any]]) -> None:
+        for rid, rank, handle in subs:
+            self.active[rank] -= 1
+            if handle.finish_reason is None:  # client went away or we died: free its blocks
+                self.engines[rank].abort(rid)
 
     async def _unary(self, request: web.Request, entry: dict[str, Any], gen: _Gen,
                      chat: bool) -> web.StreamResponse:
         base_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         die = self.faults.die_after_tokens
         choices, prompt_tokens, completion_tokens = [], 0, 0
-        for i, prompt in enumerate(gen.prompts):
-            rid = f"{base_id}-{i}"
-            rank, handle = self._submit(rid, prompt, gen)
-            out: list[int] = []
-            try:
-                async for tok in handle:
-                    out.append(tok)
-                    entry["tokens_out"] += 1
-                    if die is not None and entry["tokens_out"] >= die:
-                        break
-            finally:
-                self._release(rank, rid, handle, entry)
-            if die is not None and entry["tokens_out"] >= die or die == 0:
-                return await self._die(request, entry)
-            text = "".join(self.codec.piece_json(t).decode()[1:-1] for t in ())  # placeholder
-            text = self.codec.decode_generated(out)
-            prompt_tokens += len(prompt)
-            completion_tokens += len(out)
-            reason = handle.finish_reason or "length"
-            if chat:
-                choices.append({"index": i, "message": {
-                    "role": "assistant", "content": text, "refusal": None, "annotations": None,
-                    "audio": None, "function_call": None, "tool_calls": [],
-                    "reasoning_content": None}, "logprobs": None, "finish_reason": reason,
-                    "stop_reason": None})
-            else:
-                choices.append({"index": i, "text": text, "logprobs": None,
-                                "finish_reason": reason, "stop_reason": None,
-                                "prompt_logprobs": None})
+        subs = self._submit_all(base_id, gen)
+        try:
+            for i, (_rid, _rank, handle) in enumerate(subs):
+                out: list[int] = []
+                if die is None or entry["tokens_out"] < die:
+                    async for tok in handle:
+                        out.append(tok)
+                        entry["tokens_out"] += 1
+                        if die is not None and entry["tokens_out"] >= die:
+                            break
+                if die is not None and entry["tokens_out"] >= die:
+                    return await self._die(request, entry)
+                text = self.codec.gen_text(out)
+                prompt_tokens += handle.prompt_len
+                completion_tokens += len(out)
+                reason = handle.finish_reason or "length"
+                if chat:
+                    choices.append({"index": i, "message": {
+                        "role": "assistant", "content": text, "refusal": None,
+                        "annotations": None, "audio": None, "function_call": None,
+                        "tool_calls": [], "reasoning_content": None}, "logprobs": None,
+                        "finish_reason": reason, "stop_reason": None})
+                else:
+                    choices.append({"index": i, "text": text, "logprobs": None,
+                                    "finish_reason": reason, "stop_reason": None,
+                                    "prompt_logprobs": None})
+        finally:
+            self._release_all(subs)
         usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
                  "completion_tokens": completion_tokens, "prompt_tokens_details": None}
         obj: dict[str, Any] = {"id": base_id, "object": "chat.completion" if chat
@@ -412,63 +428,60 @@ class EngineServer:
         base_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         model_json = orjson.dumps(gen.model).decode()
+        # every chunk is head + choice + tail, pre-encoded once per request
         head = (f'data: {{"id":"{base_id}","object":"'
                 f'{"chat.completion.chunk" if chat else "text_completion"}",'
                 f'"created":{created},"model":{model_json},"choices":[').encode()
         die = self.faults.die_after_tokens
-        resp = web.StreamResponse(headers=SSE_HEADERS)
-        await resp.prepare(request)
-        if die == 0:
-            return await self._die(request, entry)
-        prompt_tokens = completion_tokens = 0
+        subs = self._submit_all(base_id, gen)  # before the headers: a 400 is still possible
         codec = self.codec
-        for i, prompt in enumerate(gen.prompts):
-            rid = f"{base_id}-{i}"
-            rank, handle = self._submit(rid, prompt, gen)
-            if chat:
-                pre = head + b'{"index":%d,"delta":{"content":' % i
-                mid = b'},"logprobs":null,"finish_reason":null}]}\n\n'
-                last = b'},"logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
-                role = head + (b'{"index":%d,"delta":{"role":"assistant","content":""},'
-                               b'"logprobs":null,"finish_reason":null}]}\n\n' % i)
-            else:
-                pre = head + b'{"index":%d,"text":' % i
-                mid = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
-                last = b',"logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
-                role = b""
-            n = 0
-            sent_final = False
-            try:
+        prompt_tokens = completion_tokens = 0
+        try:
+            resp = web.StreamResponse(headers=SSE_HEADERS)
+            await resp.prepare(request)
+            if die == 0:
+                return await self._die(request, entry)
+            for i, (_rid, _rank, handle) in enumerate(subs):
+                if chat:
+                    pre = head + b'{"index":%d,"delta":{"content":' % i
+                    mid = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+                    last = b'},"logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
+                    role = head + (b'{"index":%d,"delta":{"role":"assistant","content":""},'
+                                   b'"logprobs":null,"finish_reason":null}]}\n\n' % i)
+                else:
+                    pre = head + b'{"index":%d,"text":' % i
+                    mid = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+                    last = b',"logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
+                    role = b""
+                n = 0
+                sent_final = False
                 async for tok in handle:
                     n += 1
                     final = n == gen.max_tokens
-                    chunk = pre + codec.piece_json(tok) + (last if final else mid)
+                    chunk = pre + codec.gen_json(tok) + (last if final else mid)
                     if n == 1 and role:
                         chunk = role + chunk
                     await resp.write(chunk)
                     sent_final = final
                     entry["tokens_out"] += 1
                     if die is not None and entry["tokens_out"] >= die:
-                        break
-            finally:
-                self._release(rank, rid, handle, entry)
-            if die is not None and entry["tokens_out"] >= die:
-                return await self._die(request, entry)
-            if not sent_final:  # ended early (engine clamp or abort): close the choice
-                reason = handle.finish_reason or "length"
-                end = (b'{"index":%d,"delta":{"content":""},"logprobs":null,"finish_reason":'
-                       % i if chat else b'{"index":%d,"text":"","logprobs":null,'
-                       b'"finish_reason":' % i)
-                await resp.write(head + end + orjson.dumps(reason) +
-                                 b',"stop_reason":null}]}\n\n')
-            prompt_tokens += len(prompt)
-            completion_tokens += n
+                        return await self._die(request, entry)
+                if not sent_final:  # ended early (engine clamp or abort): close the choice
+                    reason = orjson.dumps(handle.finish_reason or "length")
+                    end = (b'{"index":%d,"delta":{"content":""},"logprobs":null,'
+                           % i if chat else b'{"index":%d,"text":"","logprobs":null,' % i)
+                    await resp.write(head + end + b'"finish_reason":' + reason +
+                                     b',"stop_reason":null}]}\n\n')
+                prompt_tokens += handle.prompt_len
+                completion_tokens += n
+        finally:
+            self._release_all(subs)
         tail = b""
         if gen.include_usage:
             usage = {"prompt_tokens": prompt_tokens,
                      "total_tokens": prompt_tokens + completion_tokens,
                      "completion_tokens": completion_tokens}
-            tail = head[:-1] + b"]," + b'"usage":' + orjson.dumps(usage) + b"}\n\n"
+            tail = head + b'],"usage":' + orjson.dumps(usage) + b"}\n\n"
         await resp.write(tail + DONE)
         self.requests.set_status(entry, "completed")
         await resp.write_eof()
@@ -549,15 +562,13 @@ class EngineServer:
     async def health_generate(self, request: web.Request) -> web.Response:
         if self.faults.starting():
             return web.Response(status=503)
-        rank, handle = self._submit(f"health-{uuid.uuid4().hex}", [1, 2, 3],
-                                    _Gen([], 1, False, False, None, self.cfg.model))
+        rid = f"health-{uuid.uuid4().hex}"
+        subs = [(rid, *self._submit(rid, [1, 2, 3], 1, None))]
         try:
-            async for _ in handle:
+            async for _ in subs[0][2]:
                 pass
         finally:
-            self.active[rank] -= 1
-            if handle.finish_reason is None:
-                self.engines[rank].abort(handle.request_id)
+            self._release_all(subs)
         return web.Response(status=200)
 
     def views(self) -> list[RankView]:

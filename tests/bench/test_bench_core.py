@@ -113,13 +113,25 @@ def test_bench_prefix_match_miss(benchmark, big_index):
     assert matches == []
 
 
-def test_bench_prefix_insert_16k(benchmark, big_index):
-    """Recording ownership at dispatch: 128 blocks into a full endpoint (evictions)."""
+def test_bench_prefix_insert_touch(benchmark, big_index):
+    """Recording ownership at dispatch when the endpoint already holds the 128-block chain."""
     ix, prompt = big_index
     hashes, _ = ix.match_prompt(prompt, BLOCK, SEED, MAX_BLOCKS)
-    eps = iter(range(1 << 30))
-    benchmark(lambda: ix.insert(next(eps) % N_EP, hashes))
-    assert len(ix) <= N_EP * PER_EP
+    ix.insert(3, hashes)
+    benchmark(ix.insert, 3, hashes)
+    assert ix.endpoint_len(3) == PER_EP
+
+
+def test_bench_prefix_insert_new_chain_full_endpoint(benchmark, big_index):
+    """Worst case at dispatch: 128 new blocks into a full endpoint (128 LRU evictions of
+    cold entries)."""
+    ix, _ = big_index
+    rng = random.Random(2)
+    rounds = 2000
+    chains = iter([prefix_hashes(rng.randbytes(BLOCK * MAX_BLOCKS), BLOCK, SEED, MAX_BLOCKS) for _ in range(rounds)])
+    eps = iter(range(rounds))
+    benchmark.pedantic(ix.insert, setup=lambda: ((next(eps) % N_EP, next(chains)), {}), rounds=rounds)
+    assert len(ix) == N_EP * PER_EP
 
 
 _RSS_SCRIPT = """

@@ -51,7 +51,7 @@ def _check(body: bytes, obj, reps):
     assert list(got) == list(want)  # same key order as the dict merge
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(json_objects, replacements)
 def test_property_compact(obj, reps):
     _check(orjson.dumps(obj), obj, reps)
@@ -72,7 +72,7 @@ def test_property_ascii_escaped_and_odd_whitespace(obj, reps, indent, seps):
     _check(b" \n" + body + b"\r\n", obj, reps)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(json_objects)
 def test_property_no_replacement_is_identity(obj):
     body = orjson.dumps(obj, option=orjson.OPT_INDENT_2)

@@ -81,3 +81,16 @@ def test_stream_without_done() -> None:
 def test_comment_first_is_valid_sse() -> None:
     relay = SseRelay(hide_usage=False)
     assert relay.feed(b": ping\n\n") == b": ping\n\n"
+
+
+def test_truncated_json_in_first_block_is_invalid() -> None:
+    relay = SseRelay(hide_usage=False)
+    with pytest.raises(InvalidStream):
+        relay.feed(b'data: {"id": "x", "choices": [{"delta": {"con\n\n')
+
+
+def test_binary_garbage_after_first_event_is_invalid() -> None:
+    relay = SseRelay(hide_usage=False)
+    relay.feed(CONTENT[0])
+    with pytest.raises(InvalidStream):
+        relay.feed(b"\x00\xffgarbage without an SSE field\n\n")

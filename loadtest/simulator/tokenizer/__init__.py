@@ -78,16 +78,16 @@ def render_chat(messages: Any, add_generation_prompt: bool = True) -> str:
 
 @dataclass
 class TextCodec:
-    """Tokenizer plus per-token precomputed text, so streaming never calls decode."""
+    """The tokenizer plus pre-encoded output words, so streaming never calls decode."""
 
     tokenizer: Tokenizer
-    pieces: list[str]            # token id -> its text
-    pieces_json: list[bytes]     # token id -> JSON literal of its generated text (with quotes)
-    output_ids: list[int]        # ids the fake generator cycles through
+    output_ids: list[int]        # token ids of a readable sentence
+    out_pieces: list[str]        # their texts
+    out_json: list[bytes]        # their texts as JSON string literals (with quotes)
 
     @property
     def vocab_size(self) -> int:
-        return len(self.pieces)
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -95,25 +95,21 @@ class TextCodec:
     def token_strs(self, ids: list[int]) -> list[str]:
         return [self.tokenizer.id_to_token(i) or "" for i in ids]
 
-    def piece(self, token_id: int) -> str:
-        return self.pieces[token_id % len(self.pieces)]
-
-    def piece_json(self, token_id: int) -> bytes:
-        return self.pieces_json[token_id % len(self.pieces_json)]
-
     def decode(self, ids: list[int]) -> str:
-        return "".join(self.piece(i) for i in ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    # Generated token ids (random ones from the engine model) are shown as the words of
+    # a fixed sentence, picked by id modulo its length, so that streams stay readable.
+    def gen_json(self, token_id: int) -> bytes:
+        return self.out_json[token_id % len(self.out_json)]
+
+    def gen_text(self, ids: list[int]) -> str:
+        out = self.out_pieces
+        return "".join(out[i % len(out)] for i in ids)
 
 
 def load_codec(path: Path = TOKENIZER_PATH) -> TextCodec:
     tok = Tokenizer.from_file(str(path))
-    n = tok.get_vocab_size(with_added_tokens=True)
-    pieces = [tok.decode([i], skip_special_tokens=False) for i in range(n)]
     output_ids = tok.encode(_OUTPUT_TEXT, add_special_tokens=False).ids
-    # a generated special token would leak template markup into the text: show a word
-    for i, name in enumerate(SPECIAL_TOKENS):
-        sid = tok.token_to_id(name)
-        if sid is not None:
-            pieces[sid] = pieces[output_ids[i % len(output_ids)]]
-    pieces_json = [orjson.dumps(p) for p in pieces]
-    return TextCodec(tok, pieces, pieces_json, output_ids)
+    out_pieces = [tok.decode([i]) for i in output_ids]
+    return TextCodec(tok, output_ids, out_pieces, [orjson.dumps(p) for p in out_pieces])

@@ -1,0 +1,147 @@
+"""`python -m loadtest.simulator`: K simulated engines (one port each) + one admin port.
+
+Prints one JSON line `{"ready": true, "ports": [...], "admin_port": N}` on stdout once
+every port listens (port 0 picks a free port; the line gives the real ones). SIGTERM
+or SIGINT stops everything and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import signal
+import sys
+from typing import Any
+
+import orjson
+import uvloop
+from aiohttp import web
+
+from .admin import make_admin_app
+from .fast_engine import FastEngine
+from .faults import FaultError, parse_fault_spec
+from .server import EngineServer, ServerConfig
+from .tokenizer import load_codec
+
+log = logging.getLogger("loadtest.simulator")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m loadtest.simulator", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engines", type=int, default=1)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--ports", default=None,
+                   help="comma-separated, one per engine (0 = any free port); "
+                        "default 8001, 8002, ...")
+    p.add_argument("--admin-port", type=int, default=8100)
+    p.add_argument("--model", default="demo")
+    p.add_argument("--flavour", "--flavor", choices=("vllm", "sglang"), default="vllm")
+    p.add_argument("--fast", action="store_true", help="fixed tiny latencies, no KV physics")
+    p.add_argument("--fast-ttft-ms", type=float, default=0.2)
+    p.add_argument("--fast-itl-ms", type=float, default=0.05)
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--max-model-len", type=int, default=131072)
+    p.add_argument("--kv-blocks", type=int, default=None, help="KV blocks per DP rank")
+    p.add_argument("--max-loras", type=int, default=4)
+    p.add_argument("--lora", action="extend", nargs="+", default=[], metavar="NAME",
+                   help="LoRA adapters loaded at start")
+    p.add_argument("--dp-ranks", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--calibration", default=None, help="calibration JSON (default: shipped)")
+    p.add_argument("--faults", default=None,
+                   help='JSON: {"0": {...}} per engine index, {"*": {...}} for all')
+    p.add_argument("--log-level", default="warning")
+    a = p.parse_args(argv)
+    if a.engines < 1 or a.dp_ranks < 1:
+        p.error("--engines and --dp-ranks must be at least 1")
+    if a.ports is None:
+        a.port_list = [8001 + i for i in range(a.engines)]
+    else:
+        try:
+            a.port_list = [int(x) for x in a.ports.split(",") if x.strip()]
+        except ValueError:
+            p.error("--ports must be comma-separated integers")
+        if len(a.port_list) != a.engines:
+            p.error(f"--ports lists {len(a.port_list)} ports for {a.engines} engines")
+    if len(a.lora) > a.max_loras:
+        p.error(f"{len(a.lora)} --lora adapters exceed --max-loras {a.max_loras}")
+    try:
+        a.fault_list = parse_fault_spec(orjson.loads(a.faults) if a.faults else {}, a.engines)
+    except (orjson.JSONDecodeError, FaultError) as e:
+        p.error(f"--faults: {e}")
+    return a
+
+
+def make_engines(a: argparse.Namespace, index: int, codec) -> list[Any]:
+    if a.fast:
+        return [FastEngine(a, ttft_s=a.fast_ttft_ms / 1000, itl_s=a.fast_itl_ms / 1000,
+                           output_ids=list(range(len(codec.output_ids)))) for _ in range(a.dp_ranks)]
+    from .engine import Engine, EngineConfig  # physics only when asked for
+
+    wanted = dict(model=a.model, block_size=a.block_size, max_num_seqs=a.max_num_seqs,
+                  max_num_batched_tokens=a.max_num_batched_tokens, num_gpu_blocks=a.kv_blocks,
+                  max_model_len=a.max_model_len, time_scale=a.time_scale,
+                  calibration_path=a.calibration, max_loras=a.max_loras)
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    engines = []
+    for rank in range(a.dp_ranks):
+        cfg = EngineConfig(**{k: v for k, v in wanted.items() if k in known},
+                           seed=a.seed * 1_000_003 + index * 101 + rank)
+        engines.append(Engine(cfg))
+    return engines
+
+
+async def run(a: argparse.Namespace) -> None:
+    codec = load_codec()
+    servers = []
+    for i, port in enumerate(a.port_list):
+        cfg = ServerConfig(index=i, host=a.host, port=port, model=a.model, flavour=a.flavour,
+                           max_loras=a.max_loras, loras=list(a.lora),
+                           max_model_len=a.max_model_len, block_size=a.block_size,
+                           max_num_seqs=a.max_num_seqs,
+                           max_num_batched_tokens=a.max_num_batched_tokens, seed=a.seed,
+                           fast=a.fast)
+        servers.append(EngineServer(cfg, make_engines(a, i, codec), codec, a.fault_list[i]))
+    admin = web.AppRunner(make_admin_app(servers), access_log=None)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        for s in servers:
+            await s.start()
+            if s.faults.refuse_connections:
+                await s.set_refusing(True)
+        await admin.setup()
+        site = web.TCPSite(admin, a.host, a.admin_port, reuse_address=True)
+        await site.start()
+        admin_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        print(orjson.dumps({"ready": True, "ports": [s.cfg.port for s in servers],
+                            "admin_port": admin_port}).decode(), flush=True)
+        await stop.wait()
+    finally:
+        await admin.cleanup()
+        for s in servers:
+            await s.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        uvloop.run(run(a))
+    except OSError as e:  # e.g. a port in use: say so without a traceback
+        print(f"simulator: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
