@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from pathlib import Path
 
 import httpx
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess

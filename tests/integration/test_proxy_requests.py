@@ -179,7 +179,10 @@ def test_metrics_count_requests_and_tokens(router: harness.Router) -> None:
             return fams
         return None
 
-    after = harness.wait_until(updated, 30, what="request metrics")
+    try:
+        after = harness.wait_until(updated, 30, what="request metrics")
+    except TimeoutError:
+        raise AssertionError(router.metrics_text()[-3000:]) from None
     assert harness.metric_value(after, "kthena_router_tokens_total", model="demo", token_type="output") - out0 == 10
     assert harness.metric_value(after, "kthena_router_time_to_first_token_seconds_count", model="demo") >= 2
     assert harness.metric_value(after, "kthena_router_time_per_output_token_seconds_count", model="demo") >= 1
