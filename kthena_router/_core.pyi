@@ -59,3 +59,149 @@ class PrefixIndex:
     def memory_bytes(self) -> int:
         """Bytes allocated by the index's own structures."""
     def __len__(self) -> int: ...
+
+# --- scheduling -----------------------------------------------------------------------
+
+class Scorer:
+    """Filter and score plugins by Kthena name over endpoint signals held in Rust; one
+    `schedule` call per request. Endpoint ids are u32. Not for concurrent use from several
+    threads (one per worker / event loop).
+
+    `filters`: `plugins.Filter.enabled` (least-request, lora-affinity); `scores`:
+    `plugins.Score.enabled` as (name, weight); `args`: `pluginConfig` as {name: {arg: value}}
+    (numbers, bools or numeric strings; others are ignored with a warning). Plugins: random,
+    round-robin, least-request, least-latency, gpu-usage, prefix-cache, kvcache-aware,
+    lora-affinity; session-affinity and cost-aware are refused. ValueError on a bad config.
+
+    Scores are in [0, 1], combined as a weighted mean; ties are broken by a hash of
+    (request_id_hash, endpoint id). Unknown is worst: an endpoint is stale until its first
+    `update_metrics` and after `mark_stale`; its load is +inf and its load, latency and
+    usage scores are 0 (the busiest known endpoint scores at least 0.01). A filter that
+    would leave no endpoint is undone. Hot-spot guard (only with an affinity plugin:
+    prefix-cache, kvcache-aware, lora-affinity): if the top endpoint's load exceeds the least
+    loaded one's by more than `hot_spot_abs` requests and more than `hot_spot_rel` times,
+    the list is ordered by load instead (`hot_spot_abs=inf` disables).
+
+    Load = engine running + waiting at the last scrape + (in_flight - in_flight at that
+    scrape), at least in_flight: reacts within one request without double counting.
+    """
+
+    def __init__(
+        self,
+        filters: list[str],
+        scores: list[tuple[str, float]],
+        args: dict[str, dict[str, object]] | None = None,
+        *,
+        hot_spot_abs: float = 32.0,
+        hot_spot_rel: float = 1.5,
+        max_candidates: int = 0,
+    ) -> None: ...
+    @property
+    def warnings(self) -> list[str]:
+        """Non-fatal configuration remarks (ignored or non-numeric arguments)."""
+    @property
+    def hot_spot_count(self) -> int:
+        """Decisions in which the hot-spot guard made load win."""
+    @staticmethod
+    def request_hash(request_id: bytes) -> int:
+        """xxh3-64 of the request id: the `request_id_hash` for `schedule`."""
+    def add_endpoint(self, endpoint: int) -> None:
+        """Register an endpoint (stale until its first metrics)."""
+    def remove_endpoint(self, endpoint: int) -> bool: ...
+    def endpoints(self) -> list[int]:
+        """Live endpoint ids, ascending."""
+    def update_metrics(
+        self, endpoint: int, running: float, waiting: float, kv_usage: float, ttft_s: float = ..., tpot_s: float = ...
+    ) -> None:
+        """A successful scrape (registers the endpoint, clears stale). NaN = not reported;
+        NaN ttft_s/tpot_s (no sample this interval) keep the previous value."""
+    def mark_stale(self, endpoint: int) -> None:
+        """A failed scrape: load signals unknown (worst) until the next update_metrics."""
+    def add_in_flight(self, endpoint: int, delta: int) -> int:
+        """+1 at dispatch, -1 at completion; returns the new count (floored at 0)."""
+    def observe_latency(self, endpoint: int, ttft_s: float = ..., tpot_s: float = ...) -> None:
+        """The router's own observation, blended into the scraped means (EWMA, alpha 0.2)."""
+    def set_loras(self, endpoint: int, lora_ids: list[int], max_loras: int) -> None:
+        """Loaded adapters (caller-interned ids) and the engine's adapter capacity."""
+    def signals(self, endpoint: int) -> dict[str, object] | None:
+        """One endpoint's signals and computed load (admin views, tests)."""
+    def schedule(
+        self,
+        request_id_hash: int,
+        prefix_matches: list[tuple[int, int]] | None,
+        lora_id: int | None,
+        total_blocks: int,
+    ) -> list[int]:
+        """Ordered candidate endpoint ids (at most max_candidates, 0 = all).
+        `prefix_matches`: [(endpoint, matched_blocks)] out of `total_blocks` (e.g.
+        `PrefixIndex.match_prompt(...)[1]`, or KvOwnership's merged with it for endpoints
+        whose event stream is down); both prefix-cache and kvcache-aware score the matched
+        fraction. Unknown endpoint ids are ignored."""
+
+# --- KV-event ownership ---------------------------------------------------------------
+
+def token_block_hashes(
+    tokens: bytes | list[int], block_size: int, root: int, max_blocks: int, scheme: str = "xxh3"
+) -> list[int]:
+    """Chain hashes of the first min(len // block_size, max_blocks) full token blocks:
+    h_i = block_hash(h_{i-1}, block_i), h_{-1} = root (the engine's value for the model /
+    adapter). `tokens`: ints or a little-endian u32 array. Schemes: "xxh3" =
+    xxh3_64(le64(parent) || le32 tokens..., seed 0); "cpython-tuple" = the simulator's
+    hash((parent, tuple(tokens))) & (2**64 - 1). ValueError for block_size 0 or an unknown
+    scheme. GIL released above 8k tokens."""
+
+def block_hash_key(block_hash: bytes) -> int:
+    """Table key of a block hash sent as bytes (vLLM's default 32-byte digest): the last
+    8 bytes big-endian, equal to vLLM's int form (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)."""
+
+class KvOwnership:
+    """Which endpoint's engine holds which block hash (u64 keys), fed by KV events
+    (BlockStored / BlockRemoved / AllBlocksCleared). Hashes are reference counted per
+    endpoint (vLLM may hold two blocks with one hash, and DP ranks report separately): a
+    hash stays owned until removed as often as stored. Memory is bounded by a per-endpoint
+    capacity (set it to the engine's KV block count); exceeding it means removals were
+    missed: the oldest stored entries are dropped and counted in `overflow_drops`.
+
+    An endpoint whose event stream is down is skipped by matches and listed by
+    `down_endpoints()`, so the caller falls back to PrefixIndex for it.
+    """
+
+    def __init__(self, default_capacity: int, hash_scheme: str = "xxh3") -> None: ...
+    def apply(self, endpoint: int, batch: bytes) -> int:
+        """Apply a batch in the flat encoding: little-endian u64 words `tag, n, hash * n`
+        per event; tag 1 BlockStored (chain order), 2 BlockRemoved, 3 AllBlocksCleared
+        (n = 0). Validated first: a malformed batch raises ValueError and changes nothing.
+        Returns the event count. GIL released above 64 KiB."""
+    def stored(self, endpoint: int, block_hashes: list[int]) -> None:
+        """BlockStored (ints in [0, 2**64); mask negative ones with & (2**64 - 1))."""
+    def removed(self, endpoint: int, block_hashes: list[int]) -> None: ...
+    def all_cleared(self, endpoint: int) -> int:
+        """AllBlocksCleared; the endpoint stays registered. Returns the entries removed."""
+    def match_hashes(self, block_hashes: list[int]) -> list[tuple[int, int]]:
+        """[(endpoint, matched leading blocks)] for stream-up endpoints matching >= 1 block;
+        order unspecified."""
+    def match_tokens(
+        self, tokens: bytes | list[int], block_size: int, root: int, max_blocks: int
+    ) -> tuple[int, list[tuple[int, int]]]:
+        """Hash the tokens with the table's scheme and match: (blocks hashed, matches)."""
+    def remove_endpoint(self, endpoint: int) -> int:
+        """Purge an endpoint that disappeared; returns the entries removed."""
+    def set_stream_down(self, endpoint: int, down: bool, clear: bool = True) -> None:
+        """Mark the event stream down (clearing the entries, which a gap makes
+        untrustworthy, unless clear=False) or up again."""
+    def is_stream_down(self, endpoint: int) -> bool: ...
+    def down_endpoints(self) -> list[int]:
+        """Endpoints whose stream is down, sorted."""
+    def set_capacity(self, endpoint: int, capacity: int) -> None: ...
+    def endpoint_len(self, endpoint: int) -> int: ...
+    def endpoints(self) -> list[int]: ...
+    def endpoint_hashes(self, endpoint: int) -> list[int]:
+        """Hashes held, newest stored first (compare with the engine's cache content)."""
+    def refs(self, endpoint: int, block_hash: int) -> int: ...
+    @property
+    def overflow_drops(self) -> int: ...
+    @property
+    def unknown_removals(self) -> int:
+        """BlockRemoved for hashes not held: a desync signal."""
+    def memory_bytes(self) -> int: ...
+    def __len__(self) -> int: ...

@@ -108,6 +108,14 @@ def tree_cpu_s(roots: dict[str, int]) -> dict[str, float]:
     return res
 
 
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy (all CPUs, /proc/stat)."""
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
+    return (sum(vals[:8]) - idle) / _CLK_TCK
+
+
 def tree_size(root: int) -> int:
     stats = _proc_stats()
     n, stack = 0, [root]
@@ -353,16 +361,21 @@ async def run_cell(a, target: str, urls: list[str], conc: int, roots: dict[str, 
         # Enough warm-up for every worker to open its connection to every target.
         n_warm = max(a.warmup, 3 * conc * len(urls))
         warm = await asyncio.wait_for(gen.run(requests=n_warm), a.cell_timeout)
-        cpu0 = tree_cpu_s(roots)
+        # "ours" = this process and everything it started: the rest of the machine's busy
+        # time is foreign load (builds, other tests) that skews latency and throughput.
+        roots_all = {**roots, "ours": os.getpid()}
+        busy0, cpu0 = busy_cpu_s(), tree_cpu_s(roots_all)
         res = await asyncio.wait_for(
             gen.run(requests=a.requests, duration_s=a.duration), a.cell_timeout
         )
-        cpu1 = tree_cpu_s(roots)
+        busy1, cpu1 = busy_cpu_s(), tree_cpu_s(roots_all)
     finally:
         await gen.close()
     cell = summarize(res)
     n = max(1, cell["requests"])
     cell["cpu_ms_per_req"] = {k: 1000.0 * (cpu1[k] - cpu0[k]) / n for k in roots}
+    foreign = (busy1 - busy0) - (cpu1["ours"] - cpu0["ours"])
+    cell["foreign_cpu_cores"] = max(0.0, foreign) / res.wall_s if res.wall_s > 0 else 0.0
     cell["cpu_ms_per_req"]["loadgen"] = cell.pop("client_cpu_ms_per_req")
     cell["warmup_requests"] = len(warm.samples)
     cell["warmup_ok"] = sum(s.ok for s in warm.samples)
@@ -391,6 +404,7 @@ def aggregate(cells: list[dict], targets: list[str], concs: list[int]) -> dict:
                     k: _median([x["cpu_ms_per_req"][k] for x in rs]) for k in rs[0]["cpu_ms_per_req"]
                 },
                 "errors": sum(x["errors"] for x in rs),
+                "foreign_cpu_cores_max": max(x["foreign_cpu_cores"] for x in rs),
             }
             out.setdefault(t, {})[str(c)] = agg
     return out
@@ -450,7 +464,8 @@ def _f(v, nd=2) -> str:
 
 def table(summary: dict, comparison: dict, markdown: bool = False) -> str:
     head = ["target", "conc", "req/s", "p50 ms", "p90 ms", "p99 ms", "ttft p50", "ttft p99",
-            "cpu ms/req (target)", "sim cpu ms/req", "loadgen cpu ms/req", "errors"]
+            "cpu ms/req (target)", "sim cpu ms/req", "loadgen cpu ms/req", "errors",
+            "foreign cores"]
     rows = []
     for t, per_c in summary.items():
         for c, s in per_c.items():
@@ -459,7 +474,7 @@ def table(summary: dict, comparison: dict, markdown: bool = False) -> str:
                 t, c, _f(s["rps"], 0), _f(s["latency_ms"]["p50"], 3), _f(s["latency_ms"]["p90"], 3),
                 _f(s["latency_ms"]["p99"], 3), _f(s["ttft_ms"]["p50"], 3), _f(s["ttft_ms"]["p99"], 3),
                 _f(cpu.get(t), 3) if t != "direct" else "-", _f(cpu.get("simulator"), 3),
-                _f(cpu.get("loadgen"), 3), str(s["errors"]),
+                _f(cpu.get("loadgen"), 3), str(s["errors"]), _f(s["foreign_cpu_cores_max"]),
             ])
     head2 = ["router", "conc", "added p50 ms", "added p99 ms", "added ttft p50 ms",
              "throughput ratio", "cpu ms/req"]
@@ -506,8 +521,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=1, help="router (granian) workers")
     p.add_argument("--concurrency", default="1,64", help="comma-separated list")
-    p.add_argument("--requests", type=int, default=4000, help="measured requests per cell")
-    p.add_argument("--duration", type=float, help="measured seconds per cell (instead of --requests)")
+    p.add_argument("--requests", type=int, help="measured requests per cell (default 4000 "
+                   "unless --duration is given; with both, the first reached ends the cell)")
+    p.add_argument("--duration", type=float, help="measured seconds per cell")
     p.add_argument("--warmup", type=int, default=200, help="warm-up requests per cell (at least C)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--peer", choices=["none", "sglang", "vllm", "all"], default="none")
@@ -525,8 +541,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--markdown", type=Path, help="write the tables as Markdown")
     p.add_argument("--keep-logs", action="store_true", help="keep process logs (path printed)")
     a = p.parse_args(argv)
-    if a.duration is not None:
-        a.requests = None
+    if a.requests is None and a.duration is None:
+        a.requests = 4000
     a.concs = sorted({int(x) for x in a.concurrency.split(",") if x.strip()})
     return a
 
@@ -558,7 +574,7 @@ async def bench(a, logdir: Path, procs: list[Proc]) -> dict:
                 print(
                     f"[{rep}] {t:>8} c={c:<3} {cell['rps']:8.0f} req/s  p50 {_f(cell['latency_ms']['p50'], 3)} ms"
                     f"  p99 {_f(cell['latency_ms']['p99'], 3)} ms  cpu {_f(cell['cpu_ms_per_req'].get(t), 3)}"
-                    f" ms/req  errors {cell['errors']}",
+                    f" ms/req  errors {cell['errors']}  foreign load {cell['foreign_cpu_cores']:.2f} cores",
                     file=sys.stderr,
                 )
     summary = aggregate(cells, list(targets), a.concs)
@@ -610,6 +626,10 @@ def main(argv: list[str] | None = None) -> int:
 
     text = table(result["summary"], result["comparison"])
     print(text)
+    foreign = max((c["foreign_cpu_cores"] for c in result["cells"]), default=0.0)
+    if foreign > 0.25:
+        print(f"warning: other processes used up to {foreign:.2f} CPU cores during a measured "
+              "phase: latency and throughput figures are skewed", file=sys.stderr)
     print(json.dumps({"goals": result["goals"], "headline": {
         t: v["headline"] for t, v in result["comparison"].items()}}, indent=2))
     if a.json:

@@ -67,6 +67,9 @@ class EndpointSnapshot:
     num_gpu_blocks: int | None = None  # KV capacity in blocks, summed over DP ranks
     block_size: int | None = None
     dp_ranks: int = 0
+    # ObservedLoad.mark() taken when this scrape was sent: lets ObservedLoad add the
+    # requests the router dispatched (and saw finish) since the engine counted its queue
+    observed_mark: tuple[int, int] | None = None
 
     # --- accessors for scoring: None means unknown (see module docstring) ---------------
     def _fresh(self, value: Any) -> Any:
@@ -203,8 +206,8 @@ class SnapshotTracker:
     def snapshot(self) -> EndpointSnapshot | None:
         return self._snap
 
-    def on_success(self, parsed: ParsedMetrics, models: ModelsInfo | None,
-                   now: float) -> EndpointSnapshot:
+    def on_success(self, parsed: ParsedMetrics, models: ModelsInfo | None, now: float,
+                   observed_mark: tuple[int, int] | None = None) -> EndpointSnapshot:
         prev = self._snap
         prev_c = self._counters
         cur_c = parsed.counters
@@ -248,7 +251,7 @@ class SnapshotTracker:
             last_waiting_loras=lora.waiting if lora else None,
             last_max_lora=lora.max_lora if lora else None,
             num_gpu_blocks=parsed.num_gpu_blocks, block_size=parsed.block_size,
-            dp_ranks=parsed.ranks,
+            dp_ranks=parsed.ranks, observed_mark=observed_mark,
         )
         self._counters = cur_c
         self._snap = snap

@@ -10,12 +10,13 @@ router that loads Hugging Face `tokenizer.json` files can load this one.
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from . import SPECIAL_TOKENS, TOKENIZER_PATH
+from . import BOS, CHAT_TEMPLATE_JINJA, EOS, SPECIAL_TOKENS, TOKENIZER_PATH
 
 VOCAB_SIZE = 32000
 SEED = 20251129
@@ -107,9 +108,19 @@ def finalize(tok: Tokenizer) -> None:
     ])
 
 
+def write_config() -> None:
+    """tokenizer_config.json beside it, so that tools that load a model directory (e.g. a
+    peer router given this directory as its tokenizer path) get the same chat template."""
+    cfg = {"bos_token": BOS, "eos_token": EOS, "add_bos_token": True,
+           "model_max_length": 131072, "tokenizer_class": "PreTrainedTokenizerFast",
+           "chat_template": CHAT_TEMPLATE_JINJA}
+    (TOKENIZER_PATH.parent / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
 def main() -> None:
     tok = build()
     tok.save(str(TOKENIZER_PATH), pretty=False)
+    write_config()
     print(f"wrote {TOKENIZER_PATH} vocab={tok.get_vocab_size()} "
           f"bytes={Path(TOKENIZER_PATH).stat().st_size}")
 

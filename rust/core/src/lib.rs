@@ -3,5 +3,9 @@
 #![forbid(unsafe_code)]
 
 pub mod json_splice;
+pub mod kv_ownership;
+pub mod policies;
 pub mod prefix_hash;
 pub mod prefix_index;
+pub mod scorer;
+pub mod token_hash;

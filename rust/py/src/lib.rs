@@ -3,7 +3,9 @@
 
 use pyo3::prelude::*;
 
+mod kv_ownership;
 mod prefix;
+mod scorer;
 mod splice;
 
 #[pymodule]
@@ -14,5 +16,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prefix::prefix_hashes, m)?)?;
     m.add_class::<prefix::BlockHashes>()?;
     m.add_class::<prefix::PrefixIndex>()?;
+    m.add_class::<scorer::Scorer>()?;
+    m.add_class::<kv_ownership::KvOwnership>()?;
+    m.add_function(wrap_pyfunction!(kv_ownership::token_block_hashes, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_ownership::block_hash_key, m)?)?;
     Ok(())
 }

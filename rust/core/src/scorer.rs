@@ -1,0 +1,610 @@
+//! The scheduling decision: endpoint signals held here, a pipeline of filter and score
+//! policies ([`crate::policies`], Kthena's plugin names), one call per request.
+//!
+//! `schedule` does, over the live endpoints:
+//! 1. filters in configured order (a filter that would leave no candidate is undone);
+//! 2. weighted mean of the score policies' [0, 1] scores;
+//! 3. order by score, ties broken by a hash of (request-id hash, endpoint id), so that equal
+//!    endpoints (e.g. a prefix miss everywhere) are spread over requests, not piled on one;
+//! 4. hot-spot guard (only when an affinity policy — prefix-cache, kvcache-aware,
+//!    lora-affinity — is configured): if the top endpoint's load exceeds the least loaded
+//!    candidate's by more than `hot_spot_abs` AND more than `hot_spot_rel` times it, the
+//!    list is reordered by load (score, then the tie-break, order equal loads): load wins;
+//! 5. the ordered endpoint ids (at most `max_candidates`, 0 = all) for failover.
+//!
+//! Unknown is worst: an endpoint is stale until its first metrics and again after a failed
+//! scrape; its load is +inf (never idle) and its load/latency/usage scores are 0.
+
+use crate::policies::{self, mix64, Args, Ctx, Policy};
+use hashbrown::HashMap;
+
+/// The request-id hash `schedule` expects: xxh3-64 of the id's bytes.
+pub fn request_hash(request_id: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(request_id)
+}
+
+/// What the router knows about one endpoint.
+#[derive(Clone, Debug)]
+pub struct Signals {
+    pub id: u32,
+    /// Requests this router has dispatched there and not finished.
+    pub in_flight: u32,
+    /// `in_flight` when the engine's counts were last scraped.
+    pub in_flight_at_scrape: u32,
+    /// Engine counts and KV-cache usage (0..1) from the last scrape; NaN = not reported.
+    pub running: f64,
+    pub waiting: f64,
+    pub kv_usage: f64,
+    /// Mean TTFT and time per output token, seconds; NaN = no sample yet.
+    pub ttft_s: f64,
+    pub tpot_s: f64,
+    pub stale: bool,
+    /// Loaded LoRA adapter ids (the caller's interning of adapter names) and capacity.
+    pub loras: Vec<u32>,
+    pub max_loras: u32,
+}
+
+impl Signals {
+    pub fn new(id: u32) -> Self {
+        Signals {
+            id,
+            in_flight: 0,
+            in_flight_at_scrape: 0,
+            running: f64::NAN,
+            waiting: f64::NAN,
+            kv_usage: f64::NAN,
+            ttft_s: f64::NAN,
+            tpot_s: f64::NAN,
+            stale: true,
+            loras: Vec::new(),
+            max_loras: 0,
+        }
+    }
+
+    /// Estimated requests on the engine: running + waiting at the scrape, plus what this
+    /// router dispatched (or saw finish) since, never below our own in-flight. Reacts
+    /// within one request without counting our requests twice once the engine sees them.
+    /// +inf when stale or not reported.
+    pub fn load(&self) -> f64 {
+        if self.stale {
+            return f64::INFINITY;
+        }
+        let since = f64::from(self.in_flight) - f64::from(self.in_flight_at_scrape);
+        let est = self.running + self.waiting + since;
+        if est.is_nan() {
+            f64::INFINITY
+        } else {
+            est.max(f64::from(self.in_flight))
+        }
+    }
+}
+
+/// Plugin configuration in Kthena's terms (names, weights, args) plus the guard.
+#[derive(Clone, Debug)]
+pub struct ScorerConfig {
+    /// `plugins.Filter.enabled`, in order.
+    pub filters: Vec<String>,
+    /// `plugins.Score.enabled`: (name, weight).
+    pub scores: Vec<(String, f64)>,
+    /// `pluginConfig`: (name, args). Entries for plugins not enabled are ignored.
+    pub args: Vec<(String, Args)>,
+    /// Hot-spot guard thresholds (requests, ratio); `f64::INFINITY` disables.
+    pub hot_spot_abs: f64,
+    pub hot_spot_rel: f64,
+    pub max_candidates: usize,
+}
+
+impl Default for ScorerConfig {
+    fn default() -> Self {
+        ScorerConfig {
+            filters: Vec::new(),
+            scores: Vec::new(),
+            args: Vec::new(),
+            hot_spot_abs: 32.0,
+            hot_spot_rel: 1.5,
+            max_candidates: 0,
+        }
+    }
+}
+
+/// See the module docs. Endpoint ids are the caller's `u32`s.
+#[derive(Debug)]
+pub struct Scorer {
+    eps: Vec<Signals>,
+    slot_of: HashMap<u32, u32>,
+    free: Vec<u32>,
+    /// Live slots sorted by endpoint id: a stable order for round-robin.
+    live: Vec<u32>,
+    filters: Vec<Box<dyn Policy>>,
+    scores: Vec<(Box<dyn Policy>, f64)>,
+    weight_sum: f64,
+    guard: bool,
+    hot_spot_abs: f64,
+    hot_spot_rel: f64,
+    max_candidates: usize,
+    warnings: Vec<String>,
+    seq: u64,
+    hot_spot_count: u64,
+    // Scratch, kept between calls (no allocation per request once warm).
+    load: Vec<f64>,
+    prefix: Vec<f64>,
+    touched: Vec<u32>,
+    cands: Vec<u32>,
+    prev: Vec<u32>,
+    part: Vec<f64>,
+    total: Vec<f64>,
+    ranked: Vec<(f64, u64, u32)>,
+}
+
+const EWMA_ALPHA: f64 = 0.2;
+
+impl Scorer {
+    pub fn new(cfg: &ScorerConfig) -> Result<Scorer, String> {
+        let empty = Args::default();
+        let args_of = |name: &str| {
+            cfg.args
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(&empty, |(_, a)| a)
+        };
+        let mut warnings = Vec::new();
+        let mut filters = Vec::new();
+        for name in &cfg.filters {
+            let (p, w) = policies::build(name, args_of(name))?;
+            if !p.is_filter() {
+                return Err(format!("scheduler plugin {name:?} is not a filter"));
+            }
+            warnings.extend(w);
+            filters.push(p);
+        }
+        let mut scores = Vec::new();
+        for (name, weight) in &cfg.scores {
+            if !(weight.is_finite() && *weight >= 0.0) {
+                return Err(format!("scheduler plugin {name:?}: weight must be >= 0, got {weight}"));
+            }
+            let (p, w) = policies::build(name, args_of(name))?;
+            if !cfg.filters.contains(name) {
+                warnings.extend(w);
+            }
+            scores.push((p, *weight));
+        }
+        if !(cfg.hot_spot_abs >= 0.0 && cfg.hot_spot_rel >= 1.0) {
+            return Err("hot-spot guard: abs must be >= 0 and rel >= 1".into());
+        }
+        Ok(Scorer {
+            eps: Vec::new(),
+            slot_of: HashMap::new(),
+            free: Vec::new(),
+            live: Vec::new(),
+            weight_sum: scores.iter().map(|(_, w)| w).sum(),
+            guard: scores.iter().any(|(p, w)| p.is_affinity() && *w > 0.0),
+            filters,
+            scores,
+            hot_spot_abs: cfg.hot_spot_abs,
+            hot_spot_rel: cfg.hot_spot_rel,
+            max_candidates: cfg.max_candidates,
+            warnings,
+            seq: 0,
+            hot_spot_count: 0,
+            load: Vec::new(),
+            prefix: Vec::new(),
+            touched: Vec::new(),
+            cands: Vec::new(),
+            prev: Vec::new(),
+            part: Vec::new(),
+            total: Vec::new(),
+            ranked: Vec::new(),
+        })
+    }
+
+    /// Non-fatal configuration remarks (ignored arguments).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// Times the hot-spot guard reordered a decision.
+    pub fn hot_spot_count(&self) -> u64 {
+        self.hot_spot_count
+    }
+
+    /// Register an endpoint (stale until its first metrics); returns its slot.
+    pub fn add_endpoint(&mut self, id: u32) -> u32 {
+        if let Some(&s) = self.slot_of.get(&id) {
+            return s;
+        }
+        let s = match self.free.pop() {
+            Some(s) => {
+                self.eps[s as usize] = Signals::new(id);
+                s
+            }
+            None => {
+                self.eps.push(Signals::new(id));
+                self.load.push(0.0);
+                self.prefix.push(0.0);
+                (self.eps.len() - 1) as u32
+            }
+        };
+        self.slot_of.insert(id, s);
+        let eps = &self.eps;
+        let pos = self.live.partition_point(|&x| eps[x as usize].id < id);
+        self.live.insert(pos, s);
+        s
+    }
+
+    pub fn remove_endpoint(&mut self, id: u32) -> bool {
+        let Some(s) = self.slot_of.remove(&id) else {
+            return false;
+        };
+        self.live.retain(|&x| x != s);
+        self.free.push(s);
+        true
+    }
+
+    /// Live endpoint ids, ascending.
+    pub fn endpoints(&self) -> Vec<u32> {
+        self.live.iter().map(|&s| self.eps[s as usize].id).collect()
+    }
+
+    pub fn signals(&self, id: u32) -> Option<&Signals> {
+        self.slot_of.get(&id).map(|&s| &self.eps[s as usize])
+    }
+
+    fn sig_mut(&mut self, id: u32) -> &mut Signals {
+        let s = self.add_endpoint(id);
+        &mut self.eps[s as usize]
+    }
+
+    /// A successful scrape: engine counts and usage (NaN = not reported), interval-mean
+    /// TTFT/TPOT (NaN = no sample this interval: the previous value is kept). Clears stale.
+    pub fn update_metrics(&mut self, id: u32, running: f64, waiting: f64, kv_usage: f64, ttft_s: f64, tpot_s: f64) {
+        let e = self.sig_mut(id);
+        e.running = running;
+        e.waiting = waiting;
+        e.kv_usage = kv_usage;
+        if !ttft_s.is_nan() {
+            e.ttft_s = ttft_s;
+        }
+        if !tpot_s.is_nan() {
+            e.tpot_s = tpot_s;
+        }
+        e.in_flight_at_scrape = e.in_flight;
+        e.stale = false;
+    }
+
+    /// A failed scrape: load signals are unknown (worst) until the next success.
+    pub fn mark_stale(&mut self, id: u32) {
+        self.sig_mut(id).stale = true;
+    }
+
+    /// Dispatch (+1) or completion (-1) of a request; returns the new in-flight count.
+    pub fn add_in_flight(&mut self, id: u32, delta: i64) -> u32 {
+        let e = self.sig_mut(id);
+        let v = (i64::from(e.in_flight) + delta).clamp(0, i64::from(u32::MAX));
+        e.in_flight = v as u32;
+        e.in_flight
+    }
+
+    /// The router's own TTFT / TPOT observation (NaN = none), blended into the scraped
+    /// means (EWMA, alpha 0.2) so latency reacts between scrapes.
+    pub fn observe_latency(&mut self, id: u32, ttft_s: f64, tpot_s: f64) {
+        let e = self.sig_mut(id);
+        for (cur, obs) in [(&mut e.ttft_s, ttft_s), (&mut e.tpot_s, tpot_s)] {
+            if obs.is_nan() {
+                continue;
+            }
+            *cur = if cur.is_nan() { obs } else { *cur + EWMA_ALPHA * (obs - *cur) };
+        }
+    }
+
+    pub fn set_loras(&mut self, id: u32, loras: &[u32], max_loras: u32) {
+        let e = self.sig_mut(id);
+        e.loras.clear();
+        e.loras.extend_from_slice(loras);
+        e.max_loras = max_loras;
+    }
+
+    /// One scheduling decision (see the module docs). `prefix_matches`: (endpoint id,
+    /// matched leading blocks) out of `total_blocks`; unknown ids are ignored.
+    pub fn schedule(
+        &mut self,
+        request_hash: u64,
+        prefix_matches: &[(u32, u32)],
+        lora: Option<u32>,
+        total_blocks: u32,
+        out: &mut Vec<u32>,
+    ) {
+        out.clear();
+        let seq = self.seq;
+        self.seq = self.seq.wrapping_add(1);
+        self.cands.clear();
+        self.cands.extend_from_slice(&self.live);
+        for &s in &self.cands {
+            self.load[s as usize] = self.eps[s as usize].load();
+        }
+        self.touched.clear();
+        if total_blocks > 0 {
+            for &(id, n) in prefix_matches {
+                if let Some(&s) = self.slot_of.get(&id) {
+                    self.prefix[s as usize] = f64::from(n.min(total_blocks)) / f64::from(total_blocks);
+                    self.touched.push(s);
+                }
+            }
+        }
+        let ctx = Ctx {
+            eps: &self.eps,
+            load: &self.load,
+            prefix: &self.prefix,
+            request_hash,
+            lora,
+            seq,
+        };
+        for f in &self.filters {
+            self.prev.clear();
+            self.prev.extend_from_slice(&self.cands);
+            f.filter(&ctx, &mut self.cands);
+            if self.cands.is_empty() {
+                std::mem::swap(&mut self.cands, &mut self.prev);
+            }
+        }
+        let n = self.cands.len();
+        self.total.clear();
+        self.total.resize(n, 0.0);
+        for (p, w) in &self.scores {
+            if *w == 0.0 {
+                continue;
+            }
+            self.part.clear();
+            self.part.resize(n, 0.0);
+            p.score(&ctx, &self.cands, &mut self.part);
+            for (t, &v) in self.total.iter_mut().zip(&self.part) {
+                // A policy bug must not poison the order: NaN counts as 0.
+                *t += w * if v.is_nan() { 0.0 } else { v.clamp(0.0, 1.0) };
+            }
+        }
+        let wsum = if self.weight_sum > 0.0 { self.weight_sum } else { 1.0 };
+        self.ranked.clear();
+        self.ranked.extend(self.cands.iter().zip(&self.total).map(|(&s, &t)| {
+            (t / wsum, mix64(request_hash ^ mix64(u64::from(self.eps[s as usize].id))), s)
+        }));
+        for &s in &self.touched {
+            self.prefix[s as usize] = 0.0;
+        }
+
+        let by_score = |a: &(f64, u64, u32), b: &(f64, u64, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        let load = &self.load;
+        let by_load = |a: &(f64, u64, u32), b: &(f64, u64, u32)| {
+            load[a.2 as usize].total_cmp(&load[b.2 as usize]).then(by_score(a, b))
+        };
+        let mut load_wins = false;
+        if self.guard && n > 1 {
+            let top = self.ranked.iter().min_by(|a, b| by_score(a, b)).map_or(0.0, |t| load[t.2 as usize]);
+            let min = self.cands.iter().map(|&s| load[s as usize]).fold(f64::INFINITY, f64::min);
+            // inf - inf is NaN and fails the test: all-stale sets are left to the scores.
+            load_wins = min.is_finite() && top - min > self.hot_spot_abs && top > self.hot_spot_rel * min;
+        }
+        let k = if self.max_candidates == 0 { n } else { self.max_candidates.min(n) };
+        let cmp: &dyn Fn(&(f64, u64, u32), &(f64, u64, u32)) -> std::cmp::Ordering =
+            if load_wins { &by_load } else { &by_score };
+        if k < n && k > 0 {
+            self.ranked.select_nth_unstable_by(k - 1, cmp);
+            self.ranked.truncate(k);
+        }
+        self.ranked.sort_unstable_by(cmp);
+        if load_wins {
+            self.hot_spot_count += 1;
+        }
+        out.extend(self.ranked.iter().take(k).map(|&(_, _, s)| self.eps[s as usize].id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(filters: &[&str], scores: &[(&str, f64)]) -> ScorerConfig {
+        ScorerConfig {
+            filters: filters.iter().map(|s| s.to_string()).collect(),
+            scores: scores.iter().map(|&(s, w)| (s.to_string(), w)).collect(),
+            ..ScorerConfig::default()
+        }
+    }
+
+    fn scorer(c: &ScorerConfig, n: u32) -> Scorer {
+        let mut s = Scorer::new(c).unwrap();
+        for id in 0..n {
+            s.update_metrics(id, 0.0, 0.0, 0.0, 0.1, 0.01);
+        }
+        s
+    }
+
+    fn sched(s: &mut Scorer, req: u64, m: &[(u32, u32)], lora: Option<u32>, total: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        s.schedule(req, m, lora, total, &mut out);
+        out
+    }
+
+    #[test]
+    fn config_errors() {
+        assert!(Scorer::new(&cfg(&["gpu-usage"], &[])).unwrap_err().contains("not a filter"));
+        assert!(Scorer::new(&cfg(&[], &[("nope", 1.0)])).is_err());
+        assert!(Scorer::new(&cfg(&[], &[("random", -1.0)])).is_err());
+        let mut c = cfg(&[], &[("gpu-usage", 1.0)]);
+        c.args = vec![("gpu-usage".into(), Args(vec![("x".into(), 1.0)])), ("least-latency".into(), Args(vec![("y".into(), 1.0)]))];
+        assert_eq!(Scorer::new(&c).unwrap().warnings().len(), 1); // unused plugin: silent
+    }
+
+    #[test]
+    fn weighted_combination_orders_candidates() {
+        let c = cfg(&[], &[("prefix-cache", 2.0), ("gpu-usage", 1.0)]);
+        let mut s = scorer(&c, 3);
+        s.update_metrics(0, 0.0, 0.0, 0.9, f64::NAN, f64::NAN);
+        s.update_metrics(1, 0.0, 0.0, 0.0, f64::NAN, f64::NAN);
+        s.update_metrics(2, 0.0, 0.0, 0.5, f64::NAN, f64::NAN);
+        // 0: (2*1.0 + 0.1)/3 = 0.70; 1: (0 + 1)/3 = 0.33; 2: (2*0.5 + 0.5)/3 = 0.5
+        assert_eq!(sched(&mut s, 1, &[(0, 8), (2, 4)], None, 8), [0, 2, 1]);
+        // Without matches usage decides; unknown ids in the matches are ignored.
+        assert_eq!(sched(&mut s, 1, &[(99, 8)], None, 8), [1, 2, 0]);
+    }
+
+    #[test]
+    fn ties_broken_by_request_hash() {
+        let c = cfg(&[], &[("prefix-cache", 1.0)]);
+        let mut s = scorer(&c, 8);
+        let firsts: std::collections::HashSet<u32> = (0..64).map(|r| sched(&mut s, r, &[], None, 4)[0]).collect();
+        assert!(firsts.len() >= 6, "{firsts:?}");
+        assert_eq!(sched(&mut s, 5, &[], None, 4), sched(&mut s, 5, &[], None, 4));
+    }
+
+    #[test]
+    fn round_robin_cycles_through_all() {
+        let mut s = scorer(&cfg(&[], &[("round-robin", 1.0)]), 3);
+        let firsts: Vec<u32> = (0..6).map(|r| sched(&mut s, r, &[], None, 0)[0]).collect();
+        assert_eq!(firsts, [0, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn filters_and_their_fallback() {
+        let c = cfg(&["least-request", "lora-affinity"], &[("least-request", 1.0)]);
+        let mut s = scorer(&c, 3);
+        s.update_metrics(0, 1.0, 20.0, 0.0, f64::NAN, f64::NAN);
+        s.set_loras(1, &[7], 4);
+        s.set_loras(2, &[], 4);
+        assert_eq!(sched(&mut s, 1, &[], Some(7), 0), [1]);
+        assert_eq!(sched(&mut s, 1, &[], None, 0).len(), 2); // endpoint 0 waits too much
+        s.update_metrics(1, 1.0, 20.0, 0.0, f64::NAN, f64::NAN);
+        s.update_metrics(2, 1.0, 20.0, 0.0, f64::NAN, f64::NAN);
+        // Everyone over maxWaitingRequests: the filter is undone, not an outage.
+        assert_eq!(sched(&mut s, 1, &[], None, 0).len(), 3);
+    }
+
+    #[test]
+    fn stale_is_never_idle() {
+        let mut s = scorer(&cfg(&[], &[("least-request", 1.0)]), 3);
+        s.update_metrics(0, 10.0, 5.0, 0.0, f64::NAN, f64::NAN);
+        s.update_metrics(1, 12.0, 5.0, 0.0, f64::NAN, f64::NAN);
+        s.mark_stale(2); // it was idle at its last scrape
+        assert_eq!(sched(&mut s, 3, &[], None, 0), [0, 1, 2]);
+        s.add_endpoint(9); // never scraped: stale too
+        let v = sched(&mut s, 3, &[], None, 0);
+        assert_eq!(&v[..2], [0, 1]);
+        assert!(v[2..] == [2, 9] || v[2..] == [9, 2]);
+    }
+
+    #[test]
+    fn in_flight_reacts_between_scrapes() {
+        let mut s = scorer(&cfg(&[], &[("least-request", 1.0)]), 2);
+        s.update_metrics(0, 3.0, 0.0, 0.0, f64::NAN, f64::NAN);
+        s.update_metrics(1, 4.0, 0.0, 0.0, f64::NAN, f64::NAN);
+        assert_eq!(sched(&mut s, 1, &[], None, 0)[0], 0);
+        s.add_in_flight(0, 2);
+        assert_eq!(sched(&mut s, 1, &[], None, 0)[0], 1);
+        // The next scrape sees our two requests: they are not counted twice.
+        s.update_metrics(0, 5.0, 0.0, 0.0, f64::NAN, f64::NAN);
+        assert_eq!(s.signals(0).unwrap().load(), 5.0);
+        s.add_in_flight(0, -2);
+        assert_eq!(s.signals(0).unwrap().load(), 3.0);
+    }
+
+    fn guard_setup(abs: f64, rel: f64) -> Scorer {
+        let mut c = cfg(&[], &[("prefix-cache", 3.0), ("least-request", 1.0)]);
+        c.hot_spot_abs = abs;
+        c.hot_spot_rel = rel;
+        scorer(&c, 3)
+    }
+
+    #[test]
+    fn hot_spot_guard_load_wins() {
+        let mut s = guard_setup(8.0, 2.0);
+        s.update_metrics(0, 30.0, 0.0, 0.0, f64::NAN, f64::NAN);
+        s.update_metrics(1, 5.0, 0.0, 0.0, f64::NAN, f64::NAN);
+        s.update_metrics(2, 6.0, 0.0, 0.0, f64::NAN, f64::NAN);
+        // Endpoint 0 holds the whole prefix but is 25 requests / 6x above the least loaded.
+        assert_eq!(sched(&mut s, 1, &[(0, 10)], None, 10), [1, 2, 0]);
+        assert_eq!(s.hot_spot_count(), 1);
+        // Below the absolute threshold: affinity wins.
+        s.update_metrics(0, 12.0, 0.0, 0.0, f64::NAN, f64::NAN);
+        assert_eq!(sched(&mut s, 1, &[(0, 10)], None, 10)[0], 0);
+        assert_eq!(s.hot_spot_count(), 1);
+    }
+
+    #[test]
+    fn hot_spot_guard_relative_threshold_and_stale_top() {
+        let mut s = guard_setup(8.0, 3.0);
+        s.update_metrics(0, 40.0, 0.0, 0.0, f64::NAN, f64::NAN);
+        s.update_metrics(1, 20.0, 0.0, 0.0, f64::NAN, f64::NAN);
+        s.update_metrics(2, 25.0, 0.0, 0.0, f64::NAN, f64::NAN);
+        // 40 - 20 > 8 but 40 < 3 * 20: affinity keeps it.
+        assert_eq!(sched(&mut s, 1, &[(0, 10)], None, 10)[0], 0);
+        assert_eq!(s.hot_spot_count(), 0);
+        // A stale best match is overloaded by definition.
+        s.mark_stale(0);
+        assert_eq!(sched(&mut s, 1, &[(0, 10)], None, 10), [1, 2, 0]);
+        // Disabled guard: affinity keeps even the stale endpoint first.
+        let mut s = guard_setup(f64::INFINITY, 3.0);
+        s.mark_stale(0);
+        assert_eq!(sched(&mut s, 1, &[(0, 10)], None, 10)[0], 0);
+    }
+
+    #[test]
+    fn guard_inactive_without_affinity_policy() {
+        let mut c = cfg(&[], &[("random", 1.0)]);
+        c.hot_spot_abs = 0.0;
+        c.hot_spot_rel = 1.0;
+        let mut s = scorer(&c, 4);
+        s.update_metrics(0, 100.0, 0.0, 0.0, f64::NAN, f64::NAN);
+        for r in 0..50 {
+            sched(&mut s, r, &[], None, 0);
+        }
+        assert_eq!(s.hot_spot_count(), 0);
+    }
+
+    #[test]
+    fn max_candidates_and_removal() {
+        let mut c = cfg(&[], &[("least-request", 1.0)]);
+        c.max_candidates = 2;
+        let mut s = scorer(&c, 5);
+        for id in 0..5 {
+            s.update_metrics(id, f64::from(5 - id), 0.0, 0.0, f64::NAN, f64::NAN);
+        }
+        assert_eq!(sched(&mut s, 1, &[], None, 0), [4, 3]);
+        assert!(s.remove_endpoint(4));
+        assert!(!s.remove_endpoint(4));
+        assert_eq!(sched(&mut s, 1, &[], None, 0), [3, 2]);
+        assert_eq!(s.endpoints(), [0, 1, 2, 3]);
+        s.add_endpoint(10); // reuses the slot, starts stale
+        assert!(s.signals(10).unwrap().stale);
+        assert_eq!(sched(&mut s, 1, &[], None, 0), [3, 2]);
+    }
+
+    #[test]
+    fn latency_observations_blend() {
+        let mut s = scorer(&cfg(&[], &[("least-latency", 1.0)]), 2);
+        s.update_metrics(0, 0.0, 0.0, 0.0, 1.0, f64::NAN);
+        s.observe_latency(0, 2.0, f64::NAN);
+        assert!((s.signals(0).unwrap().ttft_s - 1.2).abs() < 1e-12);
+        s.update_metrics(0, 0.0, 0.0, 0.0, f64::NAN, f64::NAN); // no sample: kept
+        assert!((s.signals(0).unwrap().ttft_s - 1.2).abs() < 1e-12);
+    }
+
+    #[test]
+    fn all_plugins_large_pool_is_a_permutation() {
+        let c = cfg(
+            &["least-request", "lora-affinity"],
+            &[
+                ("random", 1.0),
+                ("round-robin", 1.0),
+                ("least-request", 1.0),
+                ("least-latency", 1.0),
+                ("gpu-usage", 1.0),
+                ("prefix-cache", 1.0),
+                ("kvcache-aware", 1.0),
+                ("lora-affinity", 1.0),
+            ],
+        );
+        let mut s = scorer(&c, 1000);
+        let m: Vec<(u32, u32)> = (0..1000).step_by(7).map(|i| (i, i % 13)).collect();
+        let mut v = sched(&mut s, 42, &m, Some(3), 12);
+        v.sort_unstable();
+        assert_eq!(v, (0..1000).collect::<Vec<_>>());
+    }
+}

@@ -1,0 +1,157 @@
+//! Binding of the scheduling scorer: configuration from plain values, signals as numbers,
+//! one `schedule` call per request returning endpoint ids.
+
+use std::collections::HashMap;
+
+use kthena_core::policies::Args;
+use kthena_core::scorer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
+
+/// `pluginConfig[].args` value as a number; None (with the caller warning) otherwise.
+fn arg_number(v: &Bound<'_, PyAny>) -> Option<f64> {
+    if v.is_instance_of::<PyBool>() {
+        return v.extract::<bool>().ok().map(|b| if b { 1.0 } else { 0.0 });
+    }
+    if v.is_instance_of::<PyInt>() || v.is_instance_of::<PyFloat>() {
+        return v.extract::<f64>().ok();
+    }
+    if v.is_instance_of::<PyString>() {
+        return v.extract::<String>().ok()?.trim().parse::<f64>().ok();
+    }
+    None
+}
+
+/// Filter and score plugins by Kthena name over endpoint signals held in Rust.
+/// Not for concurrent use from several threads (one per event loop / worker).
+#[pyclass(module = "kthena_router._core")]
+pub struct Scorer {
+    inner: scorer::Scorer,
+    out: Vec<u32>,
+    warnings: Vec<String>,
+}
+
+#[pymethods]
+impl Scorer {
+    #[new]
+    #[pyo3(signature = (filters, scores, args=None, *, hot_spot_abs=32.0, hot_spot_rel=1.5, max_candidates=0))]
+    fn new(
+        filters: Vec<String>,
+        scores: Vec<(String, f64)>,
+        args: Option<HashMap<String, HashMap<String, Bound<'_, PyAny>>>>,
+        hot_spot_abs: f64,
+        hot_spot_rel: f64,
+        max_candidates: usize,
+    ) -> PyResult<Self> {
+        let mut warnings = Vec::new();
+        let mut plugin_args = Vec::new();
+        for (name, kv) in args.unwrap_or_default() {
+            let mut vals = Vec::new();
+            for (k, v) in kv {
+                match arg_number(&v) {
+                    Some(x) => vals.push((k, x)),
+                    None => warnings.push(format!("scheduler plugin {name:?}: argument {k:?} is not a number, ignored")),
+                }
+            }
+            plugin_args.push((name, Args(vals)));
+        }
+        let cfg = scorer::ScorerConfig {
+            filters,
+            scores,
+            args: plugin_args,
+            hot_spot_abs,
+            hot_spot_rel,
+            max_candidates,
+        };
+        let inner = scorer::Scorer::new(&cfg).map_err(PyValueError::new_err)?;
+        warnings.extend(inner.warnings().iter().cloned());
+        Ok(Scorer { inner, out: Vec::new(), warnings })
+    }
+
+    /// Non-fatal configuration remarks (ignored arguments).
+    #[getter]
+    fn warnings(&self) -> Vec<String> {
+        self.warnings.clone()
+    }
+
+    /// Times the hot-spot guard made load win.
+    #[getter]
+    fn hot_spot_count(&self) -> u64 {
+        self.inner.hot_spot_count()
+    }
+
+    fn add_endpoint(&mut self, endpoint: u32) {
+        self.inner.add_endpoint(endpoint);
+    }
+
+    fn remove_endpoint(&mut self, endpoint: u32) -> bool {
+        self.inner.remove_endpoint(endpoint)
+    }
+
+    fn endpoints(&self) -> Vec<u32> {
+        self.inner.endpoints()
+    }
+
+    #[pyo3(signature = (endpoint, running, waiting, kv_usage, ttft_s=f64::NAN, tpot_s=f64::NAN))]
+    fn update_metrics(&mut self, endpoint: u32, running: f64, waiting: f64, kv_usage: f64, ttft_s: f64, tpot_s: f64) {
+        self.inner.update_metrics(endpoint, running, waiting, kv_usage, ttft_s, tpot_s);
+    }
+
+    fn mark_stale(&mut self, endpoint: u32) {
+        self.inner.mark_stale(endpoint);
+    }
+
+    fn add_in_flight(&mut self, endpoint: u32, delta: i64) -> u32 {
+        self.inner.add_in_flight(endpoint, delta)
+    }
+
+    #[pyo3(signature = (endpoint, ttft_s=f64::NAN, tpot_s=f64::NAN))]
+    fn observe_latency(&mut self, endpoint: u32, ttft_s: f64, tpot_s: f64) {
+        self.inner.observe_latency(endpoint, ttft_s, tpot_s);
+    }
+
+    fn set_loras(&mut self, endpoint: u32, lora_ids: Vec<u32>, max_loras: u32) {
+        self.inner.set_loras(endpoint, &lora_ids, max_loras);
+    }
+
+    /// The signals of one endpoint as a dict (admin views, tests); None if unknown.
+    fn signals<'py>(&self, py: Python<'py>, endpoint: u32) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(s) = self.inner.signals(endpoint) else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("in_flight", s.in_flight)?;
+        d.set_item("running", s.running)?;
+        d.set_item("waiting", s.waiting)?;
+        d.set_item("kv_usage", s.kv_usage)?;
+        d.set_item("ttft_s", s.ttft_s)?;
+        d.set_item("tpot_s", s.tpot_s)?;
+        d.set_item("stale", s.stale)?;
+        d.set_item("loras", s.loras.clone())?;
+        d.set_item("max_loras", s.max_loras)?;
+        d.set_item("load", s.load())?;
+        Ok(Some(d))
+    }
+
+    /// The `request_id_hash` for `schedule`: xxh3-64 of the request id's bytes.
+    #[staticmethod]
+    fn request_hash(request_id: &[u8]) -> u64 {
+        scorer::request_hash(request_id)
+    }
+
+    /// One decision: ordered endpoint ids. `prefix_matches`: [(endpoint, matched_blocks)]
+    /// (e.g. `PrefixIndex.match_prompt(...)[1]`) out of `total_blocks`.
+    #[pyo3(signature = (request_id_hash, prefix_matches, lora_id, total_blocks))]
+    fn schedule(
+        &mut self,
+        request_id_hash: u64,
+        prefix_matches: Option<Vec<(u32, u32)>>,
+        lora_id: Option<u32>,
+        total_blocks: u32,
+    ) -> Vec<u32> {
+        let m = prefix_matches.unwrap_or_default();
+        self.inner.schedule(request_id_hash, &m, lora_id, total_blocks, &mut self.out);
+        self.out.clone()
+    }
+}

@@ -1,0 +1,202 @@
+"""kthena_router._core KvOwnership and token block hashing, against a Python reference model."""
+
+import struct
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kthena_router._core import KvOwnership, block_hash_key, token_block_hashes
+
+MASK64 = (1 << 64) - 1
+STORED, REMOVED, CLEARED = 1, 2, 3
+
+
+def flat(events) -> bytes:
+    """Encode [(tag, hashes)] in the flat batch format."""
+    words = []
+    for tag, hashes in events:
+        words += [tag, len(hashes), *hashes]
+    return struct.pack(f"<{len(words)}Q", *words)
+
+
+def test_cpython_tuple_scheme_is_the_simulators_hash():
+    from loadtest.simulator.kvcache import hash_block, root_hash
+
+    toks = list(range(1000, 1064))
+    root = root_hash(None)
+    want, parent = [], root
+    for i in range(4):
+        parent = hash_block(parent, tuple(toks[i * 16:(i + 1) * 16]))
+        want.append(parent)
+    assert token_block_hashes(toks, 16, root, 100, "cpython-tuple") == want
+    # Same from a little-endian u32 array; a lora root changes everything.
+    assert token_block_hashes(struct.pack("<64I", *toks), 16, root, 100, "cpython-tuple") == want
+    assert token_block_hashes(toks, 16, root_hash("a"), 100, "cpython-tuple")[0] != want[0]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=60), st.integers(1, 8), st.integers(0, 2**64 - 1))
+def test_cpython_tuple_scheme_matches_python_hash(tokens, bs, root):
+    got = token_block_hashes(tokens, bs, root, 1000, "cpython-tuple")
+    want, parent = [], root
+    for i in range(len(tokens) // bs):
+        parent = hash((parent, tuple(tokens[i * bs:(i + 1) * bs]))) & MASK64
+        want.append(parent)
+    assert got == want
+
+
+def test_xxh3_scheme_chains_and_limits():
+    toks = list(range(40))
+    h = token_block_hashes(toks, 8, 1, 100)
+    assert len(h) == 5 and len(token_block_hashes(toks, 8, 1, 2)) == 2
+    other = toks[:16] + [7] * 24
+    assert token_block_hashes(other, 8, 1, 100)[:2] == h[:2]
+    assert all(a != b for a, b in zip(token_block_hashes(other, 8, 1, 100)[2:], h[2:]))
+    with pytest.raises(ValueError):
+        token_block_hashes(toks, 0, 1, 4)
+    with pytest.raises(ValueError):
+        token_block_hashes(toks, 8, 1, 4, "sha256")
+    with pytest.raises(ValueError):
+        token_block_hashes(b"abc", 8, 1, 4)  # not a u32 array
+
+
+def test_block_hash_key_matches_vllm_int_form():
+    digest = bytes(range(32))
+    assert block_hash_key(digest) == int.from_bytes(digest, "big") & MASK64
+    assert block_hash_key(b"\x01\x02") == 0x0102
+
+
+def test_events_match_and_stream_down():
+    t = KvOwnership(1000)
+    assert t.apply(1, flat([(STORED, [10, 11, 12]), (STORED, [13])])) == 2
+    t.stored(2, [10, 11])
+    assert dict(t.match_hashes([10, 11, 12, 13, 99])) == {1: 4, 2: 2}
+    t.apply(1, flat([(REMOVED, [12])]))
+    assert dict(t.match_hashes([10, 11, 12])) == {1: 2, 2: 2}
+    t.set_stream_down(2, True, clear=False)
+    assert t.down_endpoints() == [2] and t.is_stream_down(2)
+    assert dict(t.match_hashes([10, 11])) == {1: 2}  # caller falls back for endpoint 2
+    t.set_stream_down(2, False)
+    assert dict(t.match_hashes([10, 11])) == {1: 2, 2: 2}
+    t.set_stream_down(2, True)  # clears by default
+    assert t.endpoint_len(2) == 0
+    assert t.apply(1, flat([(CLEARED, [])])) == 1 and t.endpoint_len(1) == 0
+    assert t.endpoints() == [1, 2]
+    assert t.remove_endpoint(2) == 0 and t.endpoints() == [1]
+
+
+def test_malformed_batch_changes_nothing():
+    t = KvOwnership(10)
+    t.stored(1, [5])
+    for bad in (flat([(STORED, [1])])[:-8], flat([(9, [])]), flat([(CLEARED, [1])]), b"\x00" * 7):
+        with pytest.raises(ValueError):
+            t.apply(1, flat([(STORED, [6])]) + bad)
+    assert t.endpoint_hashes(1) == [5]
+
+
+def test_match_tokens_uses_the_table_scheme():
+    t = KvOwnership(1000, hash_scheme="cpython-tuple")
+    toks = list(range(64))
+    t.stored(3, token_block_hashes(toks[:48], 16, 9, 100, "cpython-tuple"))
+    assert t.match_tokens(toks, 16, 9, 100) == (4, [(3, 3)])
+    assert t.match_tokens(toks, 16, 10, 100) == (4, [])  # another root (adapter)
+
+
+def test_large_batch_without_gil_and_capacity():
+    t = KvOwnership(5000)
+    hashes = list(range(1, 20_001))
+    t.apply(7, flat([(STORED, hashes)]))  # 160 KiB batch: GIL released
+    assert len(t) == 5000 and t.overflow_drops == 15_000
+    # Chain heads are kept, tails dropped.
+    assert dict(t.match_hashes(hashes[:6000])) == {7: 5000}
+    assert t.memory_bytes() > 0
+
+
+class Reference:
+    """endpoint -> Counter of hashes (copies), and the set of down endpoints."""
+
+    def __init__(self):
+        self.held: dict[int, Counter] = {}
+        self.down: set[int] = set()
+
+    def stored(self, ep, hashes):
+        self.held.setdefault(ep, Counter()).update(hashes)
+
+    def removed(self, ep, hashes):
+        c = self.held.get(ep)
+        for h in hashes:
+            if c is not None and c[h] > 0:
+                c[h] -= 1
+                if c[h] == 0:
+                    del c[h]
+
+    def match(self, hashes):
+        out = {}
+        for ep, c in self.held.items():
+            if ep in self.down:
+                continue
+            k = 0
+            while k < len(hashes) and hashes[k] in c:
+                k += 1
+            if k:
+                out[ep] = k
+        return out
+
+
+small = st.lists(st.integers(0, 12), max_size=8)
+program = st.lists(
+    st.one_of(
+        st.tuples(st.just("stored"), st.integers(0, 3), small),
+        st.tuples(st.just("stored"), st.integers(0, 3), small),
+        st.tuples(st.just("removed"), st.integers(0, 3), small),
+        st.tuples(st.just("batch"), st.integers(0, 3), st.lists(st.tuples(st.sampled_from([1, 2, 3]), small), max_size=4)),
+        st.tuples(st.just("match"), st.just(0), small),
+        st.tuples(st.just("cleared"), st.integers(0, 3), st.just([])),
+        st.tuples(st.just("remove"), st.integers(0, 3), st.just([])),
+        st.tuples(st.just("down"), st.integers(0, 3), st.booleans()),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(program)
+def test_table_agrees_with_reference_model(prog):
+    t, ref = KvOwnership(1 << 20), Reference()
+    for op, ep, arg in prog:
+        if op == "stored":
+            t.stored(ep, arg)
+            ref.stored(ep, arg)
+        elif op == "removed":
+            t.removed(ep, arg)
+            ref.removed(ep, arg)
+        elif op == "batch":
+            events = [(tag, [] if tag == CLEARED else hs) for tag, hs in arg]
+            assert t.apply(ep, flat(events)) == len(events)
+            for tag, hs in events:
+                if tag == STORED:
+                    ref.stored(ep, hs)
+                elif tag == REMOVED:
+                    ref.removed(ep, hs)
+                elif ep in ref.held:
+                    ref.held[ep].clear()
+        elif op == "match":
+            assert dict(t.match_hashes(arg)) == ref.match(arg)
+        elif op == "cleared":
+            assert t.all_cleared(ep) == len(ref.held.get(ep, ()))
+            if ep in ref.held:
+                ref.held[ep].clear()
+        elif op == "remove":
+            assert t.remove_endpoint(ep) == len(ref.held.pop(ep, ()))
+            ref.down.discard(ep)
+        else:
+            t.set_stream_down(ep, arg, clear=False)
+            ref.held.setdefault(ep, Counter())
+            (ref.down.add if arg else ref.down.discard)(ep)
+        assert len(t) == sum(len(c) for c in ref.held.values())
+    for ep, c in ref.held.items():
+        assert t.endpoint_len(ep) == len(c)
+        assert all(t.refs(ep, h) == n for h, n in c.items())
+    assert t.down_endpoints() == sorted(ref.down)
