@@ -3,7 +3,10 @@
 State machine per endpoint (per worker process):
 - healthy: candidates include it.
 - ejected: excluded until `ejected_until`; after that, the next successful active probe
-  re-admits it. Backoff doubles with each consecutive ejection, capped.
+  re-admits it. The backoff doubles with each ejection not separated by a successful
+  request (a flapping endpoint stays out longer), capped. Failed probes of an ejected
+  endpoint keep it out without growing the backoff: it returns one probe interval after
+  it recovers.
 Connection errors, first-byte timeouts, stalls and invalid output eject at once. HTTP 5xx
 ejects after `FIVE_XX_THRESHOLD` in a row, so that one request that makes every engine
 fail (a "poison" request) cannot eject the whole fleet. Any success resets the counts.
@@ -82,8 +85,8 @@ class EndpointHealth:
         if ok:
             if not self.healthy and now >= self.ejected_until:
                 self._set(True)
-        else:
-            self.eject(now)  # when already ejected and past the backoff: a longer one
+        elif self.healthy:
+            self.eject(now)
 
     def probe_due(self, now: float) -> bool:
         """Ejected endpoints are worth probing only once their backoff has passed."""

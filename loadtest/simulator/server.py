@@ -263,11 +263,16 @@ class EngineServer:
             return await self._serve(request, entry, chat)
         except ApiError as e:
             entry["http_status"] = e.status
-            self.requests.set_status(entry, "rejected" if e.status < 500 else "errored")
+            faulty = e.status >= 500 or entry["fault"] in ("error", "slow_start")
+            self.requests.set_status(entry, "errored" if faulty else "rejected")
             return e.response()
         except (asyncio.CancelledError, ConnectionError):
             if entry["status"] in ("running", "stalled"):
                 self.requests.set_status(entry, "aborted")
+            raise
+        except Exception:
+            entry["http_status"] = 500
+            self.requests.set_status(entry, "errored")
             raise
 
     async def _serve(self, request: web.Request, entry: dict[str, Any],
@@ -295,7 +300,6 @@ class EngineServer:
             self.requests.set_status(entry, "errored")
             return await self._garbage(request, entry["stream"])
         gen = await self._validate(body, chat)
-        entry["model"] = gen.model
         entry["http_status"] = 200
         if gen.stream:
             return await self._stream(request, entry, gen, chat)

@@ -49,6 +49,9 @@ def test_error_rate_all_and_custom_status(sim):
     assert sim.requests(0)["errored"] == 1
     # the other engine is untouched
     assert httpx.post(sim.url(1) + "/v1/chat/completions", json=CHAT).status_code == 200
+    sim.faults(0, error_status=429)  # a 4xx from the fault is still counted as errored
+    r = httpx.post(sim.url(0) + "/v1/chat/completions", json=CHAT, headers={"X-Request-ID": "e2"})
+    assert r.status_code == 429 and entry(sim, "e2")["status"] == "errored"
 
 
 def test_error_rate_fraction(sim_factory):

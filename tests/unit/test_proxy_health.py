@@ -31,25 +31,34 @@ def test_5xx_ejects_only_after_consecutive_threshold() -> None:
     assert not eh.healthy
 
 
-def test_backoff_grows_while_probes_fail_and_is_capped() -> None:
+def test_backoff_grows_for_a_flapping_endpoint_and_is_capped() -> None:
     eh = EndpointHealth()
     now = 0.0
-    eh.record_failure(Failure.TIMEOUT, now=now)
     periods = []
-    for _ in range(10):
-        start = eh.ejected_until
+    for _ in range(10):  # fails traffic, passes the probe, fails again, ...
+        eh.record_failure(Failure.CONNECT, now=now)
+        periods.append(eh.ejected_until - now)
         now = eh.ejected_until
-        eh.probe_result(False, now=now)  # still down: ejected again, longer
-        periods.append(eh.ejected_until - start)
-    assert periods[0] == h.BASE_EJECT_S * 2
-    assert all(b >= a for a, b in zip(periods, periods[1:]))
+        eh.probe_result(True, now=now)
+        assert eh.healthy
+    assert periods[:3] == [h.BASE_EJECT_S, 2 * h.BASE_EJECT_S, 4 * h.BASE_EJECT_S]
     assert max(periods) == h.MAX_EJECT_S
+
+
+def test_failed_probes_keep_an_ejected_endpoint_out_without_growing_backoff() -> None:
+    eh = EndpointHealth()
+    eh.record_failure(Failure.TIMEOUT, now=0.0)
+    for t in (1.0, 5.0, 50.0):
+        eh.probe_result(False, now=t)
+        assert not eh.healthy
+    assert eh.ejections == 1
+    eh.probe_result(True, now=51.0)
+    assert eh.healthy
 
 
 def test_success_after_readmission_resets_backoff() -> None:
     eh = EndpointHealth()
     eh.record_failure(Failure.INVALID, now=0.0)
-    eh.probe_result(False, now=eh.ejected_until)
     eh.probe_result(True, now=eh.ejected_until)
     assert eh.healthy
     eh.record_success()

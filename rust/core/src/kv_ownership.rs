@@ -553,9 +553,15 @@ mod tests {
         let mut t = KvOwnership::new(100);
         t.apply(1, [KvEvent::Stored(&[10, 11, 12]), KvEvent::Stored(&[13])]);
         t.stored(2, &[10, 11]);
-        assert_eq!(matched(&mut t, &[10, 11, 12, 13, 14]), StdMap::from([(1, 4), (2, 2)]));
+        assert_eq!(
+            matched(&mut t, &[10, 11, 12, 13, 14]),
+            StdMap::from([(1, 4), (2, 2)])
+        );
         t.removed(1, &[12]);
-        assert_eq!(matched(&mut t, &[10, 11, 12, 13]), StdMap::from([(1, 2), (2, 2)]));
+        assert_eq!(
+            matched(&mut t, &[10, 11, 12, 13]),
+            StdMap::from([(1, 2), (2, 2)])
+        );
         assert_eq!(t.all_cleared(2), 2);
         assert_eq!(matched(&mut t, &[10, 11]), StdMap::from([(1, 2)]));
         assert_eq!(t.endpoints().len(), 2); // cleared, still registered
@@ -623,10 +629,29 @@ mod tests {
     #[test]
     fn flat_encoding() {
         let mut t = KvOwnership::new(10);
-        let batch = [TAG_STORED, 3, 1, 2, 3, TAG_REMOVED, 1, 3, TAG_ALL_CLEARED, 0, TAG_STORED, 1, 7];
+        let batch = [
+            TAG_STORED,
+            3,
+            1,
+            2,
+            3,
+            TAG_REMOVED,
+            1,
+            3,
+            TAG_ALL_CLEARED,
+            0,
+            TAG_STORED,
+            1,
+            7,
+        ];
         assert_eq!(t.apply_flat(4, &batch), Ok(4));
         assert_eq!(t.endpoint_hashes(4), vec![7]);
-        for bad in [&[TAG_STORED][..], &[TAG_STORED, 2, 1], &[9, 0], &[TAG_ALL_CLEARED, 1, 5]] {
+        for bad in [
+            &[TAG_STORED][..],
+            &[TAG_STORED, 2, 1],
+            &[9, 0],
+            &[TAG_ALL_CLEARED, 1, 5],
+        ] {
             let mut batch = vec![TAG_STORED, 1, 99];
             batch.extend_from_slice(bad);
             assert!(t.apply_flat(4, &batch).is_err());
@@ -710,7 +735,12 @@ mod tests {
                         let want: StdMap<u32, u32> = model
                             .iter()
                             .filter(|(e, _)| !down.get(e).copied().unwrap_or(false))
-                            .map(|(&e, m)| (e, hs.iter().take_while(|h| m.contains_key(h)).count() as u32))
+                            .map(|(&e, m)| {
+                                (
+                                    e,
+                                    hs.iter().take_while(|h| m.contains_key(h)).count() as u32,
+                                )
+                            })
                             .filter(|&(_, k)| k > 0)
                             .collect();
                         assert_eq!(matched(&mut t, &hs), want);

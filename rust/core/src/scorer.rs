@@ -133,8 +133,11 @@ pub struct Scorer {
     prev: Vec<u32>,
     part: Vec<f64>,
     total: Vec<f64>,
-    ranked: Vec<(f64, u64, u32)>,
+    ranked: Vec<Ranked>,
 }
+
+/// (combined score, tie-break key, slot).
+type Ranked = (f64, u64, u32);
 
 const EWMA_ALPHA: f64 = 0.2;
 
@@ -160,7 +163,9 @@ impl Scorer {
         let mut scores = Vec::new();
         for (name, weight) in &cfg.scores {
             if !(weight.is_finite() && *weight >= 0.0) {
-                return Err(format!("scheduler plugin {name:?}: weight must be >= 0, got {weight}"));
+                return Err(format!(
+                    "scheduler plugin {name:?}: weight must be >= 0, got {weight}"
+                ));
             }
             let (p, w) = policies::build(name, args_of(name))?;
             if !cfg.filters.contains(name) {
@@ -256,7 +261,15 @@ impl Scorer {
 
     /// A successful scrape: engine counts and usage (NaN = not reported), interval-mean
     /// TTFT/TPOT (NaN = no sample this interval: the previous value is kept). Clears stale.
-    pub fn update_metrics(&mut self, id: u32, running: f64, waiting: f64, kv_usage: f64, ttft_s: f64, tpot_s: f64) {
+    pub fn update_metrics(
+        &mut self,
+        id: u32,
+        running: f64,
+        waiting: f64,
+        kv_usage: f64,
+        ttft_s: f64,
+        tpot_s: f64,
+    ) {
         let e = self.sig_mut(id);
         e.running = running;
         e.waiting = waiting;
@@ -292,7 +305,11 @@ impl Scorer {
             if obs.is_nan() {
                 continue;
             }
-            *cur = if cur.is_nan() { obs } else { *cur + EWMA_ALPHA * (obs - *cur) };
+            *cur = if cur.is_nan() {
+                obs
+            } else {
+                *cur + EWMA_ALPHA * (obs - *cur)
+            };
         }
     }
 
@@ -325,7 +342,8 @@ impl Scorer {
         if total_blocks > 0 {
             for &(id, n) in prefix_matches {
                 if let Some(&s) = self.slot_of.get(&id) {
-                    self.prefix[s as usize] = f64::from(n.min(total_blocks)) / f64::from(total_blocks);
+                    self.prefix[s as usize] =
+                        f64::from(n.min(total_blocks)) / f64::from(total_blocks);
                     self.touched.push(s);
                 }
             }
@@ -361,29 +379,53 @@ impl Scorer {
                 *t += w * if v.is_nan() { 0.0 } else { v.clamp(0.0, 1.0) };
             }
         }
-        let wsum = if self.weight_sum > 0.0 { self.weight_sum } else { 1.0 };
+        let wsum = if self.weight_sum > 0.0 {
+            self.weight_sum
+        } else {
+            1.0
+        };
         self.ranked.clear();
-        self.ranked.extend(self.cands.iter().zip(&self.total).map(|(&s, &t)| {
-            (t / wsum, mix64(request_hash ^ mix64(u64::from(self.eps[s as usize].id))), s)
-        }));
+        self.ranked
+            .extend(self.cands.iter().zip(&self.total).map(|(&s, &t)| {
+                (
+                    t / wsum,
+                    mix64(request_hash ^ mix64(u64::from(self.eps[s as usize].id))),
+                    s,
+                )
+            }));
         for &s in &self.touched {
             self.prefix[s as usize] = 0.0;
         }
 
-        let by_score = |a: &(f64, u64, u32), b: &(f64, u64, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        let by_score = |a: &Ranked, b: &Ranked| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
         let load = &self.load;
-        let by_load = |a: &(f64, u64, u32), b: &(f64, u64, u32)| {
-            load[a.2 as usize].total_cmp(&load[b.2 as usize]).then(by_score(a, b))
+        let by_load = |a: &Ranked, b: &Ranked| {
+            load[a.2 as usize]
+                .total_cmp(&load[b.2 as usize])
+                .then(by_score(a, b))
         };
         let mut load_wins = false;
         if self.guard && n > 1 {
-            let top = self.ranked.iter().min_by(|a, b| by_score(a, b)).map_or(0.0, |t| load[t.2 as usize]);
-            let min = self.cands.iter().map(|&s| load[s as usize]).fold(f64::INFINITY, f64::min);
+            let top = self
+                .ranked
+                .iter()
+                .min_by(|a, b| by_score(a, b))
+                .map_or(0.0, |t| load[t.2 as usize]);
+            let min = self
+                .cands
+                .iter()
+                .map(|&s| load[s as usize])
+                .fold(f64::INFINITY, f64::min);
             // inf - inf is NaN and fails the test: all-stale sets are left to the scores.
-            load_wins = min.is_finite() && top - min > self.hot_spot_abs && top > self.hot_spot_rel * min;
+            load_wins =
+                min.is_finite() && top - min > self.hot_spot_abs && top > self.hot_spot_rel * min;
         }
-        let k = if self.max_candidates == 0 { n } else { self.max_candidates.min(n) };
-        let cmp: &dyn Fn(&(f64, u64, u32), &(f64, u64, u32)) -> std::cmp::Ordering =
+        let k = if self.max_candidates == 0 {
+            n
+        } else {
+            self.max_candidates.min(n)
+        };
+        let cmp: &dyn Fn(&Ranked, &Ranked) -> std::cmp::Ordering =
             if load_wins { &by_load } else { &by_score };
         if k < n && k > 0 {
             self.ranked.select_nth_unstable_by(k - 1, cmp);
@@ -393,7 +435,12 @@ impl Scorer {
         if load_wins {
             self.hot_spot_count += 1;
         }
-        out.extend(self.ranked.iter().take(k).map(|&(_, _, s)| self.eps[s as usize].id));
+        out.extend(
+            self.ranked
+                .iter()
+                .take(k)
+                .map(|&(_, _, s)| self.eps[s as usize].id),
+        );
     }
 }
 
@@ -417,7 +464,13 @@ mod tests {
         s
     }
 
-    fn sched(s: &mut Scorer, req: u64, m: &[(u32, u32)], lora: Option<u32>, total: u32) -> Vec<u32> {
+    fn sched(
+        s: &mut Scorer,
+        req: u64,
+        m: &[(u32, u32)],
+        lora: Option<u32>,
+        total: u32,
+    ) -> Vec<u32> {
         let mut out = Vec::new();
         s.schedule(req, m, lora, total, &mut out);
         out
@@ -425,11 +478,16 @@ mod tests {
 
     #[test]
     fn config_errors() {
-        assert!(Scorer::new(&cfg(&["gpu-usage"], &[])).unwrap_err().contains("not a filter"));
+        assert!(Scorer::new(&cfg(&["gpu-usage"], &[]))
+            .unwrap_err()
+            .contains("not a filter"));
         assert!(Scorer::new(&cfg(&[], &[("nope", 1.0)])).is_err());
         assert!(Scorer::new(&cfg(&[], &[("random", -1.0)])).is_err());
         let mut c = cfg(&[], &[("gpu-usage", 1.0)]);
-        c.args = vec![("gpu-usage".into(), Args(vec![("x".into(), 1.0)])), ("least-latency".into(), Args(vec![("y".into(), 1.0)]))];
+        c.args = vec![
+            ("gpu-usage".into(), Args(vec![("x".into(), 1.0)])),
+            ("least-latency".into(), Args(vec![("y".into(), 1.0)])),
+        ];
         assert_eq!(Scorer::new(&c).unwrap().warnings().len(), 1); // unused plugin: silent
     }
 
@@ -450,9 +508,13 @@ mod tests {
     fn ties_broken_by_request_hash() {
         let c = cfg(&[], &[("prefix-cache", 1.0)]);
         let mut s = scorer(&c, 8);
-        let firsts: std::collections::HashSet<u32> = (0..64).map(|r| sched(&mut s, r, &[], None, 4)[0]).collect();
+        let firsts: std::collections::HashSet<u32> =
+            (0..64).map(|r| sched(&mut s, r, &[], None, 4)[0]).collect();
         assert!(firsts.len() >= 6, "{firsts:?}");
-        assert_eq!(sched(&mut s, 5, &[], None, 4), sched(&mut s, 5, &[], None, 4));
+        assert_eq!(
+            sched(&mut s, 5, &[], None, 4),
+            sched(&mut s, 5, &[], None, 4)
+        );
     }
 
     #[test]
@@ -464,7 +526,10 @@ mod tests {
 
     #[test]
     fn filters_and_their_fallback() {
-        let c = cfg(&["least-request", "lora-affinity"], &[("least-request", 1.0)]);
+        let c = cfg(
+            &["least-request", "lora-affinity"],
+            &[("least-request", 1.0)],
+        );
         let mut s = scorer(&c, 3);
         s.update_metrics(0, 1.0, 20.0, 0.0, f64::NAN, f64::NAN);
         s.set_loras(1, &[7], 4);

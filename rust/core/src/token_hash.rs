@@ -28,12 +28,21 @@ pub struct Xxh3Tokens {
 
 impl TokenBlockHasher for Xxh3Tokens {
     fn hash_block(&self, parent: u64, tokens: &[u32]) -> u64 {
-        let mut buf = Vec::with_capacity(8 + 4 * tokens.len());
-        buf.extend_from_slice(&parent.to_le_bytes());
-        for t in tokens {
-            buf.extend_from_slice(&t.to_le_bytes());
+        // Usual block sizes (<= 62 tokens) hash from the stack: no allocation per block.
+        let mut stack = [0u8; 256];
+        let mut heap = Vec::new();
+        let n = 8 + 4 * tokens.len();
+        let buf: &mut [u8] = if n <= stack.len() {
+            &mut stack[..n]
+        } else {
+            heap.resize(n, 0);
+            &mut heap
+        };
+        buf[..8].copy_from_slice(&parent.to_le_bytes());
+        for (c, t) in buf[8..].chunks_exact_mut(4).zip(tokens) {
+            c.copy_from_slice(&t.to_le_bytes());
         }
-        xxh3_64_with_seed(&buf, self.seed)
+        xxh3_64_with_seed(buf, self.seed)
     }
 }
 
@@ -148,13 +157,19 @@ mod tests {
         // Values printed by CPython 3.11: hash(()) and hash((1, 2)) and the simulator's
         // hash((7, (1, 2, 3))) & MASK64.
         assert_eq!(py_tuple_hash([].into_iter()), 5740354900026072187);
-        assert_eq!(py_tuple_hash([1u64, 2].into_iter()), (-3550055125485641917i64) as u64);
+        assert_eq!(
+            py_tuple_hash([1u64, 2].into_iter()),
+            (-3550055125485641917i64) as u64
+        );
         assert_eq!(CPythonTuple.hash_block(7, &[1, 2, 3]), 4160776674258785373);
     }
 
     #[test]
     fn chain_shares_prefix_then_diverges() {
-        for scheme in [HashScheme::by_name("xxh3").unwrap(), HashScheme::CPythonTuple] {
+        for scheme in [
+            HashScheme::by_name("xxh3").unwrap(),
+            HashScheme::CPythonTuple,
+        ] {
             let a: Vec<u32> = (0..40).collect();
             let mut b = a.clone();
             b[20] = 999;
@@ -167,12 +182,35 @@ mod tests {
     }
 
     #[test]
+    fn xxh3_definition_small_and_large_blocks() {
+        for n in [1usize, 16, 62, 63, 200] {
+            let toks: Vec<u32> = (0..n as u32).map(|i| i * 7919).collect();
+            let mut buf = 9u64.to_le_bytes().to_vec();
+            toks.iter()
+                .for_each(|t| buf.extend_from_slice(&t.to_le_bytes()));
+            assert_eq!(
+                Xxh3Tokens { seed: 3 }.hash_block(9, &toks),
+                xxh3_64_with_seed(&buf, 3)
+            );
+        }
+    }
+
+    #[test]
     fn limits_and_bytes_keys() {
         let mut v = Vec::new();
         chain_token_hashes(&CPythonTuple, 0, &[1, 2, 3], 0, 9, &mut v);
         chain_token_hashes(&CPythonTuple, 0, &[1, 2, 3], 2, 0, &mut v);
         assert!(v.is_empty());
-        assert_eq!(block_hash_key(&[0xAA; 24].iter().chain(&[0, 0, 0, 0, 0, 0, 1, 2]).copied().collect::<Vec<_>>()), 0x0102);
+        assert_eq!(
+            block_hash_key(
+                &[0xAA; 24]
+                    .iter()
+                    .chain(&[0, 0, 0, 0, 0, 0, 1, 2])
+                    .copied()
+                    .collect::<Vec<_>>()
+            ),
+            0x0102
+        );
         assert_eq!(block_hash_key(&[1, 2]), 0x0102);
         assert_eq!(block_hash_key(&[]), 0);
     }

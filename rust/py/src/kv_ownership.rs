@@ -11,8 +11,11 @@ const GIL_RELEASE_BATCH_BYTES: usize = 64 * 1024;
 const GIL_RELEASE_TOKENS: usize = 8 * 1024;
 
 fn scheme(name: &str) -> PyResult<HashScheme> {
-    HashScheme::by_name(name)
-        .ok_or_else(|| PyValueError::new_err(format!("unknown hash scheme {name:?} (xxh3, cpython-tuple)")))
+    HashScheme::by_name(name).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "unknown hash scheme {name:?} (xxh3, cpython-tuple)"
+        ))
+    })
 }
 
 /// Token ids from `bytes` (little-endian u32 array, e.g. `array('I', ids).tobytes()`) or a
@@ -20,21 +23,35 @@ fn scheme(name: &str) -> PyResult<HashScheme> {
 fn tokens_of(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     if let Ok(b) = tokens.downcast::<PyBytes>() {
         let b = b.as_bytes();
-        if b.len() % 4 != 0 {
-            return Err(PyValueError::new_err("token bytes must be a little-endian u32 array"));
+        if !b.len().is_multiple_of(4) {
+            return Err(PyValueError::new_err(
+                "token bytes must be a little-endian u32 array",
+            ));
         }
-        return Ok(b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect());
+        return Ok(b
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect());
     }
     tokens.extract()
 }
 
-fn hash_tokens(py: Python<'_>, s: HashScheme, tokens: &[u32], block_size: usize, root: u64, max_blocks: usize) -> PyResult<Vec<u64>> {
+fn hash_tokens(
+    py: Python<'_>,
+    s: HashScheme,
+    tokens: &[u32],
+    block_size: usize,
+    root: u64,
+    max_blocks: usize,
+) -> PyResult<Vec<u64>> {
     if block_size == 0 {
         return Err(PyValueError::new_err("block_size must be positive"));
     }
     let mut out = Vec::new();
     if tokens.len().min(max_blocks.saturating_mul(block_size)) > GIL_RELEASE_TOKENS {
-        py.allow_threads(|| token_hash::chain_token_hashes(&s, root, tokens, block_size, max_blocks, &mut out));
+        py.allow_threads(|| {
+            token_hash::chain_token_hashes(&s, root, tokens, block_size, max_blocks, &mut out)
+        });
     } else {
         token_hash::chain_token_hashes(&s, root, tokens, block_size, max_blocks, &mut out);
     }
@@ -88,8 +105,10 @@ impl KvOwnership {
     /// Apply a batch in the flat encoding (little-endian u64 words: tag, n, n hashes;
     /// tags 1 BlockStored, 2 BlockRemoved, 3 AllBlocksCleared with n = 0). All or nothing.
     fn apply(&mut self, py: Python<'_>, endpoint: u32, batch: &[u8]) -> PyResult<usize> {
-        if batch.len() % 8 != 0 {
-            return Err(PyValueError::new_err("batch length must be a multiple of 8"));
+        if !batch.len().is_multiple_of(8) {
+            return Err(PyValueError::new_err(
+                "batch length must be a multiple of 8",
+            ));
         }
         let inner = &mut self.inner;
         let mut run = move || {
@@ -99,7 +118,11 @@ impl KvOwnership {
                 .collect();
             inner.apply_flat(endpoint, &words)
         };
-        let r = if batch.len() > GIL_RELEASE_BATCH_BYTES { py.allow_threads(run) } else { run() };
+        let r = if batch.len() > GIL_RELEASE_BATCH_BYTES {
+            py.allow_threads(run)
+        } else {
+            run()
+        };
         r.map_err(PyValueError::new_err)
     }
 

@@ -51,7 +51,9 @@ impl Scorer {
             for (k, v) in kv {
                 match arg_number(&v) {
                     Some(x) => vals.push((k, x)),
-                    None => warnings.push(format!("scheduler plugin {name:?}: argument {k:?} is not a number, ignored")),
+                    None => warnings.push(format!(
+                        "scheduler plugin {name:?}: argument {k:?} is not a number, ignored"
+                    )),
                 }
             }
             plugin_args.push((name, Args(vals)));
@@ -66,7 +68,11 @@ impl Scorer {
         };
         let inner = scorer::Scorer::new(&cfg).map_err(PyValueError::new_err)?;
         warnings.extend(inner.warnings().iter().cloned());
-        Ok(Scorer { inner, out: Vec::new(), warnings })
+        Ok(Scorer {
+            inner,
+            out: Vec::new(),
+            warnings,
+        })
     }
 
     /// Non-fatal configuration remarks (ignored arguments).
@@ -94,8 +100,17 @@ impl Scorer {
     }
 
     #[pyo3(signature = (endpoint, running, waiting, kv_usage, ttft_s=f64::NAN, tpot_s=f64::NAN))]
-    fn update_metrics(&mut self, endpoint: u32, running: f64, waiting: f64, kv_usage: f64, ttft_s: f64, tpot_s: f64) {
-        self.inner.update_metrics(endpoint, running, waiting, kv_usage, ttft_s, tpot_s);
+    fn update_metrics(
+        &mut self,
+        endpoint: u32,
+        running: f64,
+        waiting: f64,
+        kv_usage: f64,
+        ttft_s: f64,
+        tpot_s: f64,
+    ) {
+        self.inner
+            .update_metrics(endpoint, running, waiting, kv_usage, ttft_s, tpot_s);
     }
 
     fn mark_stale(&mut self, endpoint: u32) {
@@ -151,7 +166,8 @@ impl Scorer {
         total_blocks: u32,
     ) -> Vec<u32> {
         let m = prefix_matches.unwrap_or_default();
-        self.inner.schedule(request_id_hash, &m, lora_id, total_blocks, &mut self.out);
+        self.inner
+            .schedule(request_id_hash, &m, lora_id, total_blocks, &mut self.out);
         self.out.clone()
     }
 }

@@ -4,7 +4,11 @@
 
 use super::{known, Args, Ctx, Policy, PolicyInfo};
 
-pub const INFO: PolicyInfo = PolicyInfo { name: "gpu-usage", known_args: &[], build };
+pub const INFO: PolicyInfo = PolicyInfo {
+    name: "gpu-usage",
+    known_args: &[],
+    build,
+};
 
 fn build(_: &Args) -> Result<Box<dyn Policy>, String> {
     Ok(Box::new(GpuUsage))
@@ -20,7 +24,11 @@ impl Policy for GpuUsage {
     fn score(&self, ctx: &Ctx, cands: &[u32], out: &mut [f64]) {
         for (o, &s) in out.iter_mut().zip(cands) {
             let e = &ctx.eps[s as usize];
-            *o = if e.stale || e.kv_usage.is_nan() { 0.0 } else { known(1.0 - e.kv_usage.clamp(0.0, 1.0)) };
+            *o = if e.stale || e.kv_usage.is_nan() {
+                0.0
+            } else {
+                known(1.0 - e.kv_usage.clamp(0.0, 1.0))
+            };
         }
     }
 }
@@ -37,6 +45,9 @@ mod tests {
             e.kv_usage = u;
         }
         eps[4].stale = true;
-        assert_eq!(run(&*make("gpu-usage", &[]), &eps, &[], None, 0), [known(0.75), known(1.0 - 0.9), KNOWN_FLOOR, 0.0, 0.0]);
+        assert_eq!(
+            run(&*make("gpu-usage", &[]), &eps, &[], None, 0),
+            [known(0.75), known(1.0 - 0.9), KNOWN_FLOOR, 0.0, 0.0]
+        );
     }
 }

@@ -13,7 +13,9 @@ pub const INFO: PolicyInfo = PolicyInfo {
 fn build(args: &Args) -> Result<Box<dyn Policy>, String> {
     let f = args.get("TTFTTPOTWeightFactor").unwrap_or(0.5);
     if !(0.0..=1.0).contains(&f) {
-        return Err(format!("least-latency: TTFTTPOTWeightFactor must be in [0, 1], got {f}"));
+        return Err(format!(
+            "least-latency: TTFTTPOTWeightFactor must be in [0, 1], got {f}"
+        ));
     }
     Ok(Box::new(LeastLatency { f }))
 }
@@ -55,20 +57,38 @@ mod tests {
     #[test]
     fn blend_and_unknowns() {
         let mut eps: Vec<_> = (0..4).map(sig).collect();
-        for (e, (ttft, tpot)) in eps.iter_mut().zip([(1.0, 0.02), (0.5, 0.04), (0.1, 0.01), (f64::NAN, 0.01)]) {
+        for (e, (ttft, tpot)) in
+            eps.iter_mut()
+                .zip([(1.0, 0.02), (0.5, 0.04), (0.1, 0.01), (f64::NAN, 0.01)])
+        {
             e.ttft_s = ttft;
             e.tpot_s = tpot;
         }
-        let ttft_only = run(&*make("least-latency", &[("TTFTTPOTWeightFactor", 1.0)]), &eps, &[], None, 0);
+        let ttft_only = run(
+            &*make("least-latency", &[("TTFTTPOTWeightFactor", 1.0)]),
+            &eps,
+            &[],
+            None,
+            0,
+        );
         assert_eq!(ttft_only, [F, known(0.5), known(0.9), 0.0]);
-        let tpot_only = run(&*make("least-latency", &[("TTFTTPOTWeightFactor", 0.0)]), &eps, &[], None, 0);
+        let tpot_only = run(
+            &*make("least-latency", &[("TTFTTPOTWeightFactor", 0.0)]),
+            &eps,
+            &[],
+            None,
+            0,
+        );
         assert_eq!(tpot_only, [known(0.5), F, known(0.75), known(0.75)]);
         let half = run(&*make("least-latency", &[]), &eps, &[], None, 0);
         for i in 0..4 {
             assert!((half[i] - (ttft_only[i] + tpot_only[i]) / 2.0).abs() < 1e-12);
         }
         eps[2].stale = true;
-        assert_eq!(run(&*make("least-latency", &[]), &eps, &[], None, 0)[2], 0.0);
+        assert_eq!(
+            run(&*make("least-latency", &[]), &eps, &[], None, 0)[2],
+            0.0
+        );
         assert!(super::build(&super::Args(vec![("TTFTTPOTWeightFactor".into(), 2.0)])).is_err());
     }
 }

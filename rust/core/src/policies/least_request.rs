@@ -14,8 +14,10 @@ pub const INFO: PolicyInfo = PolicyInfo {
 
 fn build(args: &Args) -> Result<Box<dyn Policy>, String> {
     let max_waiting = args.get("maxWaitingRequests").unwrap_or(10.0);
-    if !(max_waiting >= 0.0) {
-        return Err(format!("least-request: maxWaitingRequests must be >= 0, got {max_waiting}"));
+    if max_waiting.is_nan() || max_waiting < 0.0 {
+        return Err(format!(
+            "least-request: maxWaitingRequests must be >= 0, got {max_waiting}"
+        ));
     }
     Ok(Box::new(LeastRequest { max_waiting }))
 }
@@ -72,7 +74,15 @@ mod tests {
         let p = make("least-request", &[]);
         let s = run(&*p, &eps, &[], None, 0);
         // The busiest known endpoint still beats the unknown one.
-        assert_eq!(s, [super::super::known(3.0 / 7.0), super::super::KNOWN_FLOOR, 0.0, 1.0]);
+        assert_eq!(
+            s,
+            [
+                super::super::known(3.0 / 7.0),
+                super::super::KNOWN_FLOOR,
+                0.0,
+                1.0
+            ]
+        );
     }
 
     #[test]

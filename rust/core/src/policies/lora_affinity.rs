@@ -8,7 +8,11 @@
 use super::{Args, Ctx, Policy, PolicyInfo};
 use crate::scorer::Signals;
 
-pub const INFO: PolicyInfo = PolicyInfo { name: "lora-affinity", known_args: &[], build };
+pub const INFO: PolicyInfo = PolicyInfo {
+    name: "lora-affinity",
+    known_args: &[],
+    build,
+};
 
 fn build(_: &Args) -> Result<Box<dyn Policy>, String> {
     Ok(Box::new(LoraAffinity))

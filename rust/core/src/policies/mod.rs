@@ -94,7 +94,10 @@ pub static REGISTRY: &[PolicyInfo] = &[
 
 /// Kthena plugins we recognise but do not implement: refused with this reason.
 const REFUSED: &[(&str, &str)] = &[
-    ("session-affinity", "not supported yet (use prefix-cache for stickiness)"),
+    (
+        "session-affinity",
+        "not supported yet (use prefix-cache for stickiness)",
+    ),
     ("cost-aware", "not supported yet"),
 ];
 
@@ -105,7 +108,10 @@ pub fn build(name: &str, args: &Args) -> Result<(Box<dyn Policy>, Vec<String>), 
     }
     let info = REGISTRY.iter().find(|i| i.name == name).ok_or_else(|| {
         let known: Vec<&str> = REGISTRY.iter().map(|i| i.name).collect();
-        format!("unknown scheduler plugin {name:?} (known: {})", known.join(", "))
+        format!(
+            "unknown scheduler plugin {name:?} (known: {})",
+            known.join(", ")
+        )
     })?;
     let warnings = args
         .0
@@ -178,10 +184,27 @@ pub(crate) mod testing {
         s
     }
 
-    pub fn run(p: &dyn Policy, eps: &[Signals], prefix: &[f64], lora: Option<u32>, seq: u64) -> Vec<f64> {
+    pub fn run(
+        p: &dyn Policy,
+        eps: &[Signals],
+        prefix: &[f64],
+        lora: Option<u32>,
+        seq: u64,
+    ) -> Vec<f64> {
         let load: Vec<f64> = eps.iter().map(|e| e.load()).collect();
-        let prefix = if prefix.is_empty() { vec![0.0; eps.len()] } else { prefix.to_vec() };
-        let ctx = Ctx { eps, load: &load, prefix: &prefix, request_hash: 77, lora, seq };
+        let prefix = if prefix.is_empty() {
+            vec![0.0; eps.len()]
+        } else {
+            prefix.to_vec()
+        };
+        let ctx = Ctx {
+            eps,
+            load: &load,
+            prefix: &prefix,
+            request_hash: 77,
+            lora,
+            seq,
+        };
         let cands: Vec<u32> = (0..eps.len() as u32).collect();
         let mut out = vec![f64::NAN; cands.len()];
         p.score(&ctx, &cands, &mut out);
@@ -192,7 +215,14 @@ pub(crate) mod testing {
     pub fn filter(p: &dyn Policy, eps: &[Signals], lora: Option<u32>) -> Vec<u32> {
         let load: Vec<f64> = eps.iter().map(|e| e.load()).collect();
         let prefix = vec![0.0; eps.len()];
-        let ctx = Ctx { eps, load: &load, prefix: &prefix, request_hash: 77, lora, seq: 0 };
+        let ctx = Ctx {
+            eps,
+            load: &load,
+            prefix: &prefix,
+            request_hash: 77,
+            lora,
+            seq: 0,
+        };
         let mut cands: Vec<u32> = (0..eps.len() as u32).collect();
         p.filter(&ctx, &mut cands);
         cands
@@ -215,8 +245,12 @@ mod tests {
             assert_eq!(p.name(), info.name);
             assert!(w.is_empty());
         }
-        assert!(build("session-affinity", &Args::default()).unwrap_err().contains("not supported"));
-        assert!(build("nope", &Args::default()).unwrap_err().contains("known: random"));
+        assert!(build("session-affinity", &Args::default())
+            .unwrap_err()
+            .contains("not supported"));
+        assert!(build("nope", &Args::default())
+            .unwrap_err()
+            .contains("known: random"));
         let (_, w) = build("gpu-usage", &Args(vec![("foo".into(), 1.0)])).unwrap();
         assert_eq!(w.len(), 1);
     }

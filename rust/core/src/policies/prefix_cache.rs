@@ -6,25 +6,46 @@
 
 use super::{Args, Ctx, Policy, PolicyInfo};
 
-const PREFIX_ARGS: &[&str] = &["blockSizeToHash", "maxBlocksToMatch", "maxHashCacheSize", "topKMatches"];
+const PREFIX_ARGS: &[&str] = &[
+    "blockSizeToHash",
+    "maxBlocksToMatch",
+    "maxHashCacheSize",
+    "topKMatches",
+];
 
-pub const INFO_PREFIX: PolicyInfo = PolicyInfo { name: "prefix-cache", known_args: PREFIX_ARGS, build: build_prefix };
-pub const INFO_KVCACHE: PolicyInfo = PolicyInfo { name: "kvcache-aware", known_args: PREFIX_ARGS, build: build_kv };
+pub const INFO_PREFIX: PolicyInfo = PolicyInfo {
+    name: "prefix-cache",
+    known_args: PREFIX_ARGS,
+    build: build_prefix,
+};
+pub const INFO_KVCACHE: PolicyInfo = PolicyInfo {
+    name: "kvcache-aware",
+    known_args: PREFIX_ARGS,
+    build: build_kv,
+};
 
 fn top_k(args: &Args) -> Result<usize, String> {
     match args.get("topKMatches") {
         None => Ok(0),
         Some(k) if k >= 0.0 && k.fract() == 0.0 => Ok(k as usize),
-        Some(k) => Err(format!("topKMatches must be a non-negative integer, got {k}")),
+        Some(k) => Err(format!(
+            "topKMatches must be a non-negative integer, got {k}"
+        )),
     }
 }
 
 fn build_prefix(args: &Args) -> Result<Box<dyn Policy>, String> {
-    Ok(Box::new(PrefixCache { name: "prefix-cache", top_k: top_k(args)? }))
+    Ok(Box::new(PrefixCache {
+        name: "prefix-cache",
+        top_k: top_k(args)?,
+    }))
 }
 
 fn build_kv(args: &Args) -> Result<Box<dyn Policy>, String> {
-    Ok(Box::new(PrefixCache { name: "kvcache-aware", top_k: top_k(args)? }))
+    Ok(Box::new(PrefixCache {
+        name: "kvcache-aware",
+        top_k: top_k(args)?,
+    }))
 }
 
 pub struct PrefixCache {
@@ -71,8 +92,14 @@ mod tests {
         let frac = [0.5, 0.0, 1.0, 0.25, 0.5];
         for name in ["prefix-cache", "kvcache-aware"] {
             assert_eq!(run(&*make(name, &[]), &eps, &frac, None, 0), frac);
-            assert_eq!(run(&*make(name, &[("topKMatches", 2.0)]), &eps, &frac, None, 0), [0.5, 0.0, 1.0, 0.0, 0.5]);
-            assert_eq!(run(&*make(name, &[("topKMatches", 1.0)]), &eps, &frac, None, 0), [0.0, 0.0, 1.0, 0.0, 0.0]);
+            assert_eq!(
+                run(&*make(name, &[("topKMatches", 2.0)]), &eps, &frac, None, 0),
+                [0.5, 0.0, 1.0, 0.0, 0.5]
+            );
+            assert_eq!(
+                run(&*make(name, &[("topKMatches", 1.0)]), &eps, &frac, None, 0),
+                [0.0, 0.0, 1.0, 0.0, 0.0]
+            );
         }
         let bad = super::Args(vec![("topKMatches".into(), 1.5)]);
         assert!(super::build_prefix(&bad).is_err());

@@ -3,7 +3,11 @@
 
 use super::{mix64, Args, Ctx, Policy, PolicyInfo};
 
-pub const INFO: PolicyInfo = PolicyInfo { name: "random", known_args: &[], build };
+pub const INFO: PolicyInfo = PolicyInfo {
+    name: "random",
+    known_args: &[],
+    build,
+};
 
 fn build(_: &Args) -> Result<Box<dyn Policy>, String> {
     Ok(Box::new(Random))
@@ -44,7 +48,14 @@ mod tests {
             .map(|h| {
                 let load: Vec<f64> = eps.iter().map(|e| e.load()).collect();
                 let prefix = vec![0.0; eps.len()];
-                let ctx = super::super::Ctx { eps: &eps, load: &load, prefix: &prefix, request_hash: h, lora: None, seq: 0 };
+                let ctx = super::super::Ctx {
+                    eps: &eps,
+                    load: &load,
+                    prefix: &prefix,
+                    request_hash: h,
+                    lora: None,
+                    seq: 0,
+                };
                 let cands: Vec<u32> = (0..eps.len() as u32).collect();
                 let mut out = vec![0.0; cands.len()];
                 p.score(&ctx, &cands, &mut out);

@@ -3,7 +3,11 @@
 
 use super::{Args, Ctx, Policy, PolicyInfo};
 
-pub const INFO: PolicyInfo = PolicyInfo { name: "round-robin", known_args: &[], build };
+pub const INFO: PolicyInfo = PolicyInfo {
+    name: "round-robin",
+    known_args: &[],
+    build,
+};
 
 fn build(_: &Args) -> Result<Box<dyn Policy>, String> {
     Ok(Box::new(RoundRobin))
