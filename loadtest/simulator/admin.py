@@ -12,7 +12,8 @@ import orjson
 from aiohttp import web
 
 from .faults import FaultError
-from .server import EngineServer, error_response, json_response
+from .http_errors import error_response, json_response
+from .server import EngineServer
 
 
 def make_admin_app(servers: list[EngineServer]) -> web.Application:

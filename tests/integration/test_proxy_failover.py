@@ -44,16 +44,26 @@ def _all_healthy(router: harness.Router, n: int) -> bool:
     return len(values) == n and all(v == 1 for v in values)
 
 
+def _heal(router: harness.Router, sim: harness.Simulator) -> None:
+    """Wait until every engine is healthy in every worker, then send successful requests
+    (new connections, so both workers get some): a success resets an endpoint's ejection
+    backoff, so the next test does not inherit this one's (tests eject the same engines
+    over and over, which the router rightly treats as flapping)."""
+    harness.wait_until(lambda: _all_healthy(router, len(sim.ports)), 90, interval=0.2,
+                       what="all endpoints healthy")
+    for _ in range(4 * len(sim.ports) * router.workers):
+        with httpx.Client(timeout=60) as http:
+            r = http.post(f"{router.openai_url}/completions", json={"model": "demo", "prompt": "x", "max_tokens": 1})
+        assert r.status_code == 200, r.text
+    sim.reset_requests()
+
+
 @pytest.fixture
 def fo(failover_router: harness.Router, simulator: harness.Simulator) -> Iterator[harness.Router]:
-    """Start and end every test with every engine healthy again in every worker."""
-    harness.wait_until(lambda: _all_healthy(failover_router, len(simulator.ports)), 60, interval=0.2,
-                       what="all endpoints healthy")
-    simulator.reset_requests()
+    """Start every test with every engine healthy (and not flapping) in every worker."""
+    _heal(failover_router, simulator)
     yield failover_router
     simulator.reset_faults()
-    harness.wait_until(lambda: _all_healthy(failover_router, len(simulator.ports)), 60, interval=0.2,
-                       what="all endpoints healthy after the test")
 
 
 def _log(sim: harness.Simulator, engine: int) -> list[dict]:

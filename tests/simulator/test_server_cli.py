@@ -81,3 +81,16 @@ def test_sigterm_with_an_open_stream_exits_promptly():
         assert any('"finish_reason":"abort"' in ln for ln in rest), rest[-3:]
     finally:
         s.stop()
+
+
+def test_fast_mode_latency_settings_are_lower_bounds(sim_factory):
+    import time
+
+    s = sim_factory("--fast", "--fast-ttft-ms", "50", "--fast-itl-ms", "20")
+    body = {"model": "demo", "prompt": "x", "max_tokens": 6, "stream": True}
+    t0 = time.monotonic()
+    with httpx.stream("POST", s.url(0) + "/v1/completions", json=body, timeout=60) as r:
+        lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+    elapsed = time.monotonic() - t0
+    assert len(lines) == 7 and lines[-1] == "data: [DONE]"
+    assert elapsed >= 0.05 + 5 * 0.02  # ttft + 5 gaps; only a lower bound is safe to assert

@@ -1,0 +1,189 @@
+"""Open-loop streaming driver: Poisson arrivals, a concurrency cap, per-request timings.
+
+Uses loadgen's raw HTTP/1.1 protocol (cheap per streamed chunk: on 2 cores the client's
+CPU is taken from the engines and the router). Each request is timed at the client with
+perf_counter from the moment it is sent (after waiting for a concurrency slot, as
+bench_serving does) to the first SSE event with content (TTFT) and to the end (E2E).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import orjson
+
+from loadtest.loadgen import Target, _expire, _HttpError, _judge, _raw_request, _RawConn
+from .workload import Request
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass
+class Result:
+    index: int
+    group: int
+    target: int  # index into the driver's targets (the engine for oracle/direct)
+    ok: bool
+    ttft_s: float  # wall seconds; nan if no content came
+    e2e_s: float
+    sent_at: float  # wall seconds since the run's start
+    error: str | None = None
+
+
+@dataclass
+class RunStats:
+    results: list[Result] = field(default_factory=list)
+    wall_s: float = 0.0
+    max_send_late_s: float = 0.0  # how far the sender fell behind its arrival schedule
+    in_flight: int = 0
+
+
+class Chooser:
+    """Picks the target of each request; the oracle overrides the hooks."""
+
+    def choose(self, req: Request) -> int:
+        return 0
+
+    def on_first_token(self, req: Request, target: int) -> None:
+        pass
+
+    def on_done(self, req: Request, target: int) -> None:
+        pass
+
+
+class RoundRobin(Chooser):
+    def __init__(self, n: int) -> None:
+        self.n, self.i = n, -1
+
+    def choose(self, req: Request) -> int:
+        self.i = (self.i + 1) % self.n
+        return self.i
+
+
+class _Conn(_RawConn):
+    """Calls `on_first` as soon as the first content event arrives (the oracle's queue
+    model needs it then, not at the end of the stream)."""
+
+    __slots__ = ("on_first",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_first: Callable[[], None] | None = None
+
+    def _body_data(self, data) -> None:  # type: ignore[no-untyped-def]
+        had = self._t_first == self._t_first  # not nan
+        super()._body_data(data)
+        if not had and self._t_first == self._t_first and self.on_first is not None:
+            cb, self.on_first = self.on_first, None
+            cb()
+
+
+class _Pool:
+    """Idle keep-alive connections per target."""
+
+    def __init__(self, targets: list[Target]) -> None:
+        self.targets = targets
+        self.idle: list[list[_Conn]] = [[] for _ in targets]
+
+    async def get(self, i: int) -> _Conn:
+        idle = self.idle[i]
+        while idle:
+            c = idle.pop()
+            if not c.closed:
+                return c
+        t = self.targets[i]
+        _, conn = await asyncio.get_running_loop().create_connection(_Conn, t.host, t.port)
+        return conn
+
+    def put(self, i: int, c: _Conn) -> None:
+        if not c.closed:
+            self.idle[i].append(c)
+
+    def close(self) -> None:
+        for idle in self.idle:
+            for c in idle:
+                if c.transport is not None:
+                    c.transport.close()
+            idle.clear()
+
+
+async def drive(requests: list[Request], offsets_wall: list[float], urls: list[str],
+                chooser: Chooser, model: str, max_concurrency: int, timeout_s: float,
+                on_result: Callable[[Result], None] | None = None,
+                stats: RunStats | None = None) -> RunStats:
+    """Send every request at its offset (wall seconds), at most max_concurrency at once.
+    `stats` (optional) is filled in as it goes, for progress lines."""
+    targets = [Target.parse(u) for u in urls]
+    pool = _Pool(targets)
+    sem = asyncio.Semaphore(max_concurrency)
+    stats = stats if stats is not None else RunStats()
+    loop = asyncio.get_running_loop()
+    t0 = time.perf_counter()
+
+    async def one(req: Request) -> None:
+        try:
+            i = chooser.choose(req)
+            body = orjson.dumps(req.chat_body(model))
+            raw = _raw_request(targets[i], CHAT_PATH, body)
+            ts = time.perf_counter()
+            conn: _Conn | None = None
+            first_seen = False
+
+            def first() -> None:
+                nonlocal first_seen
+                first_seen = True
+                chooser.on_first_token(req, i)
+
+            try:
+                conn = await pool.get(i)
+                conn.on_first = first
+                fut = conn.request(raw)
+                timer = loop.call_later(timeout_s, _expire, fut, conn)
+                try:
+                    status, t_first, reply = await fut
+                finally:
+                    timer.cancel()
+                ok, _, err = _judge(status, reply)
+                conn.on_first = None
+                pool.put(i, conn)
+            except (OSError, _HttpError, asyncio.TimeoutError) as e:
+                if conn is not None and conn.transport is not None:
+                    conn.transport.close()
+                ok, t_first, err = False, float("nan"), repr(e)[:300]
+            te = time.perf_counter()
+            if not first_seen:
+                chooser.on_first_token(req, i)
+            chooser.on_done(req, i)
+            r = Result(req.index, req.group, i, ok, t_first - ts, te - ts, ts - t0, err)
+            stats.results.append(r)
+            if on_result is not None:
+                on_result(r)
+        finally:
+            stats.in_flight -= 1
+            sem.release()
+
+    tasks: set[asyncio.Task[None]] = set()
+    try:
+        for req, off in zip(requests, offsets_wall):
+            delay = t0 + off - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                # oversleep = a busy event loop (waiting for a slot is by design: not counted)
+                late = time.perf_counter() - (t0 + off)
+                stats.max_send_late_s = max(stats.max_send_late_s, late)
+            await sem.acquire()
+            stats.in_flight += 1
+            t = asyncio.create_task(one(req))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+        while tasks:
+            await asyncio.gather(*list(tasks))
+    finally:
+        for t in tasks:
+            t.cancel()
+        pool.close()
+    stats.wall_s = time.perf_counter() - t0
+    return stats

@@ -1,0 +1,161 @@
+"""The cluster of one benchmark cell: 3 simulated engines and what routes to them.
+
+Engines: vLLM flavour, the 8B model on the H200 calibration (the simulator's default
+table), max-num-seqs 256 and max-num-batched-tokens 8192 (vLLM's defaults for online
+serving on a large GPU; Kthena's setup also used 256), block size 16.
+
+Block size: a real vLLM deployment on H100/H200 keeps the default, 16 (the attention
+backends' native page size; prefix caching matches whole blocks, so 16 loses at most 15
+tokens of a hit). Kthena's benchmark set 128, which only coarsens hits (4096 / 128 fits
+exactly, so that workload loses nothing either way). We use 16.
+
+KV capacity: the computed capacity of one H200 (141 GB x 0.9 - 16 GB of weights ->
+~53k blocks of 16, ~850k tokens) is "1x" for the published workload; a scaled-down
+profile scales it by its distinct prefix tokens, so that every ratio of the published
+setup holds. The published regime is kv_factor 0.5: 256 x 4096 prefix tokens need
+~2.5x one engine's KV.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadtest.bench_overhead import (
+    HOST, Proc, StartError, free_ports, http, peer_available, probe_chat, router_config,
+    wait_until,
+)
+from loadtest.simulator.engine import EngineConfig, compute_num_gpu_blocks
+from .policies import ROUTER_CONFIG_FLAG, Policy
+from .workload import PROFILES, WorkloadSpec
+
+MODEL = "llama-3-8b-sim"
+N_ENGINES = 3
+BLOCK_SIZE = 16
+MAX_NUM_SEQS = 256
+MAX_NUM_BATCHED_TOKENS = 8192
+PUBLISHED_REGIME = 0.5  # kv_factor where prefixes need ~2.5x one engine's KV
+
+
+def kv_blocks(spec: WorkloadSpec, kv_factor: float, block_size: int = BLOCK_SIZE) -> int:
+    """Blocks per engine: the computed H200 capacity, scaled to the profile."""
+    full = compute_num_gpu_blocks(EngineConfig(block_size=block_size))
+    scale = spec.distinct_prefix_tokens / PROFILES["published"].distinct_prefix_tokens
+    return max(1, round(full * scale * kv_factor))
+
+
+@dataclass
+class Cluster:
+    engine_ports: list[int]
+    admin_port: int
+    url: str | None  # where clients send (None: straight to the engines)
+    procs: list[Proc]
+
+    @property
+    def engine_urls(self) -> list[str]:
+        return [f"http://{HOST}:{p}" for p in self.engine_ports]
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{HOST}:{self.admin_port}"
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+
+
+def start_engines(logdir: Path, procs: list[Proc], num_blocks: int, time_scale: float,
+                  seed: int, timeout_s: float = 30.0) -> tuple[list[int], int]:
+    *ports, admin = free_ports(N_ENGINES + 1)
+    cmd = [sys.executable, "-m", "loadtest.simulator", "--engines", str(N_ENGINES),
+           "--host", HOST, "--ports", ",".join(map(str, ports)), "--admin-port", str(admin),
+           "--model", MODEL, "--flavour", "vllm", "--block-size", str(BLOCK_SIZE),
+           "--kv-blocks", str(num_blocks), "--time-scale", repr(time_scale),
+           "--max-num-seqs", str(MAX_NUM_SEQS),
+           "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--seed", str(seed)]
+    p = Proc("simulator", cmd, logdir)
+    procs.append(p)
+
+    def ready() -> bool:
+        return any(line.startswith("{") and json.loads(line).get("ready")
+                   for line in p.out_path.read_text(errors="replace").splitlines())
+
+    wait_until(ready, p, timeout_s, "ready line")
+    return ports, admin
+
+
+def router_supports_config() -> bool:
+    """Whether our router CLI takes the routerConfiguration flag yet."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "kthena_router.cli", "--help"],
+                         capture_output=True, text=True, timeout=30)
+    return ROUTER_CONFIG_FLAG in out.stdout
+
+
+def unavailable(policy: Policy, sched_yaml: str | None) -> str | None:
+    """Why a policy cannot run here (None: it can)."""
+    if policy.kind == "router" and sched_yaml is not None and not router_supports_config():
+        return f"router has no {ROUTER_CONFIG_FLAG} yet (scheduling plugins pending)"
+    if policy.kind == "peer":
+        return peer_available(policy.peer or "")
+    return None
+
+
+def start_router(logdir: Path, procs: list[Proc], ports: list[int], policy: Policy,
+                 sched_yaml: str | None, timeout_s: float = 60.0) -> str:
+    port, admin = free_ports(2)
+    cfg = logdir / "router.yaml"
+    cfg.write_text(router_config(MODEL, ports))
+    extra: list[str] = []
+    if sched_yaml is not None:
+        sched = logdir / "router-configuration.yaml"
+        sched.write_text(sched_yaml)
+        extra = [ROUTER_CONFIG_FLAG, str(sched)]
+    cmd = [sys.executable, "-m", "kthena_router.cli", "--config", str(cfg), "--host", HOST,
+           "--port", str(port), "--admin-host", HOST, "--admin-port", str(admin),
+           "--workers", "1", "--log-level", "warning", *extra, *policy.router_args]
+    p = Proc("router", cmd, logdir)
+    procs.append(p)
+    url = f"http://{HOST}:{port}"
+    wait_until(lambda: http("GET", f"http://{HOST}:{admin}/readyz")[0] == 200, p, timeout_s,
+               "/readyz 200")
+    wait_until(lambda: probe_chat(url, MODEL), p, timeout_s, "a successful chat request")
+    return url
+
+
+_PEER_ENV = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9",
+             "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+
+
+def start_peer(logdir: Path, procs: list[Proc], ports: list[int], peer: str,
+               timeout_s: float = 60.0) -> str:
+    """sglang-router / vllm-router with cache_aware (settings: peer-routers.md)."""
+    port, prom = free_ports(2)
+    workers = [f"http://{HOST}:{p}" for p in ports]
+    common = ["--host", HOST, "--port", str(port), "--worker-urls", *workers,
+              "--policy", "cache_aware", "--prometheus-port", str(prom),
+              "--prometheus-host", HOST]
+    if peer == "sglang":
+        cmd = [sys.executable, "-m", "sglang_router.launch_router", *common,
+               "--log-level", "warn"]
+    else:
+        exe = Path(sys.executable).parent / "vllm-router"
+        cmd = [str(exe) if exe.exists() else (shutil.which("vllm-router") or "vllm-router"),
+               *common, "--log-level", "warning", "--worker-startup-check-interval", "1"]
+    p = Proc(f"{peer}-router", cmd, logdir, env=_PEER_ENV)
+    procs.append(p)
+    url = f"http://{HOST}:{port}"
+    wait_until(lambda: probe_chat(url, MODEL), p, timeout_s, "a successful chat request")
+    return url
+
+
+def engine_states(admin_url: str) -> list[dict]:
+    status, data = http("GET", f"{admin_url}/admin/engines/*/state")
+    if status != 200:
+        raise StartError(f"simulator admin state: HTTP {status}")
+    return json.loads(data)
+

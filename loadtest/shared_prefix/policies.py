@@ -1,0 +1,68 @@
+"""The policy table: every routing setup the runner can put in front of the engines.
+
+One place to edit when the router's scheduling plugins land (step 2): a `router` policy
+is our router with a Kthena routerConfiguration (YAML text written to a file and passed
+with ROUTER_CONFIG_FLAG) plus extra CLI args. `--policy-config NAME=PATH` on the runner
+replaces a policy's YAML with a file (e.g. to try "best" variants without editing here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# The flag the router CLI will take for the routerConfiguration file (name not fixed
+# yet: step 2 decides; the runner checks `kthena-router --help` for it).
+ROUTER_CONFIG_FLAG = "--router-config"
+
+Kind = Literal["router", "oracle", "direct", "peer"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    kind: Kind
+    scheduler_yaml: str | None = None  # routerConfiguration; None: the router's default
+    router_args: tuple[str, ...] = ()
+    peer: str | None = None  # "sglang" | "vllm" for kind == "peer"
+    note: str = ""
+
+
+def _scorers(*names_weights: tuple[str, int], filters: tuple[str, ...] = ()) -> str:
+    score = "\n".join(f"      - {{name: {n}, weight: {w}}}" for n, w in names_weights)
+    filt = f"    Filter: {{enabled: [{', '.join(filters)}]}}\n" if filters else ""
+    return ("scheduler:\n  plugins:\n" + filt + "    Score:\n      enabled:\n" + score + "\n")
+
+
+POLICIES: dict[str, Policy] = {p.name: p for p in (
+    # our router's built-in balancer (works before the plugins exist)
+    Policy("round-robin", "router", note="router default balancer"),
+    Policy("random", "router", _scorers(("random", 1))),
+    Policy("least-request", "router", _scorers(("least-request", 1))),
+    Policy("gpu-usage", "router", _scorers(("gpu-usage", 1))),
+    Policy("least-latency", "router", _scorers(("least-latency", 1))),
+    Policy("prefix-cache+least-request", "router",
+           _scorers(("prefix-cache", 1), ("least-request", 1))),
+    Policy("kvcache-aware+least-request", "router",
+           _scorers(("kvcache-aware", 1), ("least-request", 1)), note="published winner"),
+    # our best configuration: one setting for every regime; placeholder until step 2
+    Policy("best", "router", _scorers(("kvcache-aware", 1), ("least-request", 1)),
+           note="placeholder: set by step 2"),
+    Policy("oracle", "oracle", note="ceiling: lowest predicted TTFT, true cache state"),
+    Policy("direct", "direct", note="client round-robin straight to the engines"),
+    Policy("sglang-cache-aware", "peer", peer="sglang"),
+    Policy("vllm-router-cache-aware", "peer", peer="vllm"),
+)}
+
+# The issue's comparison, in table order.
+DEFAULT_POLICIES = ("random", "round-robin", "least-request", "gpu-usage", "least-latency",
+                    "prefix-cache+least-request", "kvcache-aware+least-request", "best",
+                    "oracle", "sglang-cache-aware", "vllm-router-cache-aware")
+SWEEP_POLICIES = ("random", "kvcache-aware+least-request", "best", "oracle")
+
+
+def get(name: str) -> Policy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None

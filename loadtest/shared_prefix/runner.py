@@ -1,0 +1,288 @@
+"""Shared-prefix routing benchmark: policies x seeds (x KV factors) on 3 simulated engines.
+
+    python -m loadtest.shared_prefix.runner --profile ci --policies random,round-robin,oracle \\
+        --seeds 1,2,3 --out results/
+    python -m loadtest.shared_prefix.runner --profile ci --sweep --out results/sweep/
+
+Each cell (policy, seed, KV factor) gets a fresh simulator (empty caches, lag counters
+from zero) and, per policy, our router / a peer router / nothing (oracle, direct). The
+workload is sent over HTTP with streaming; TTFT and E2E are measured per request at the
+client. Hit rate = delta prefix-cache hits / delta queries (tokens) summed over engines.
+A cell is rejected when an engine's step loop or the sender fell behind schedule by
+more than --max-lag (fraction of the run): the machine was CPU-starved, the figures
+would be the machine's, not the policy's. Outputs in --out: results.json, results.md,
+ttft_kv<F>.png per KV factor, sweep.png with several factors.
+
+Time scale: the engines run `time_scale` times slower than wall time so that 2 cores
+keep up; all reported times and rates are simulated (wall / time_scale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from loadtest.bench_overhead import Proc, StartError, http
+from loadtest.loadgen import install_uvloop
+from . import cluster, policies, report
+from .client import Chooser, Result, RoundRobin, RunStats, drive
+from .oracle import Oracle, group_prompt_tokens, prompt_shape
+from .workload import PROFILES, WorkloadSpec, arrival_times, generate, profile
+
+# Wall seconds per simulated second, per profile: measured on the 2-core dev machine so
+# that the simulator's lag stays well under 1% of a run (see the report / README).
+DEFAULT_TIME_SCALE = {"published": 8.0, "small": 6.0, "ci": 6.0, "tiny": 2.0}
+SWEEP_FACTORS = (0.25, 0.5, 1.0, 2.0)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m loadtest.shared_prefix.runner",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", default="ci", choices=list(PROFILES))
+    p.add_argument("--policies", default=None,
+                   help=f"comma-separated (default: all; with --sweep: "
+                        f"{','.join(policies.SWEEP_POLICIES)}); known: {', '.join(policies.POLICIES)}")
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--kv-factors", default=None,
+                   help=f"KV capacity per engine, x computed (default {cluster.PUBLISHED_REGIME})")
+    p.add_argument("--sweep", action="store_true",
+                   help=f"KV factors {','.join(map(str, SWEEP_FACTORS))}")
+    p.add_argument("--time-scale", type=float, default=None)
+    p.add_argument("--max-lag", type=float, default=0.03,
+                   help="reject a cell whose lag exceeds this fraction of the run")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="wall seconds")
+    p.add_argument("--policy-config", action="append", default=[], metavar="NAME=PATH",
+                   help="routerConfiguration file for a policy (replaces the table's)")
+    # workload overrides (default: the profile's)
+    for f, t in (("num-groups", int), ("prompts-per-group", int), ("system-prompt-len", int),
+                 ("question-len", int), ("output-len", int), ("request-rate", float),
+                 ("max-concurrency", int)):
+        p.add_argument(f"--{f}", type=t, default=None)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--keep-logs", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    a = p.parse_args(argv)
+    names = a.policies.split(",") if a.policies else list(
+        policies.SWEEP_POLICIES if a.sweep else policies.DEFAULT_POLICIES)
+    try:
+        a.policy_list = [policies.get(n.strip()) for n in names if n.strip()]
+    except ValueError as e:
+        p.error(str(e))
+    a.seed_list = [int(s) for s in a.seeds.split(",") if s.strip()]
+    if a.kv_factors:
+        a.kv_list = [float(x) for x in a.kv_factors.split(",")]
+    else:
+        a.kv_list = list(SWEEP_FACTORS) if a.sweep else [cluster.PUBLISHED_REGIME]
+    a.overrides = {}
+    for kv in a.policy_config:
+        name, sep, path = kv.partition("=")
+        if not sep or name not in policies.POLICIES:
+            p.error(f"--policy-config wants NAME=PATH with a known policy, got {kv!r}")
+        a.overrides[name] = Path(path).read_text()
+    if a.time_scale is None:
+        a.time_scale = DEFAULT_TIME_SCALE[a.profile]
+    return a
+
+
+class _Progress:
+    def __init__(self, label: str, total: int, time_scale: float, quiet: bool) -> None:
+        self.label, self.total, self.k, self.quiet = label, total, time_scale, quiet
+        self.done = self.failed = 0
+        self.t0 = time.perf_counter()
+
+    def on_result(self, r: Result) -> None:
+        self.done += 1
+        self.failed += not r.ok
+
+    def line(self, in_flight: int, lag_now: float, lag_max: float) -> None:
+        if self.quiet:
+            return
+        wall = time.perf_counter() - self.t0
+        rate = self.done / (wall / self.k) if wall > 0 else 0.0
+        print(f"  [{self.label}] {self.done}/{self.total} done ({self.failed} failed), "
+              f"{in_flight} in flight, {rate:.1f} req/s sim, engine lag {lag_now:.3f}s "
+              f"(max {lag_max:.3f}s) sim", file=sys.stderr, flush=True)
+
+
+def _totals(states: list[dict[str, Any]]) -> tuple[int, int]:
+    hits = sum(r["prefix_hits_total"] for s in states for r in s["ranks"])
+    queries = sum(r["prefix_queries_total"] for s in states for r in s["ranks"])
+    return hits, queries
+
+
+async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Policy,
+                   sched_yaml: str | None, kv_factor: float, seed: int,
+                   logdir: Path) -> tuple[dict[str, Any], list[float]]:
+    """One (policy, seed, KV factor): start, drive, measure, stop. Returns (cell, ttfts)."""
+    spec = replace(spec, seed=seed)
+    k = a.time_scale
+    blocks = cluster.kv_blocks(spec, kv_factor)
+    procs: list[Proc] = []
+    oracle: Oracle | None = None
+    try:
+        ports, admin = cluster.start_engines(logdir, procs, blocks, k, seed)
+        admin_url = f"http://127.0.0.1:{admin}"
+        engine_urls = [f"http://127.0.0.1:{p}" for p in ports]
+        reqs = generate(spec)
+        chooser: Chooser = Chooser()
+        urls: list[str]
+        if pol.kind == "router":
+            urls = [cluster.start_router(logdir, procs, ports, pol, sched_yaml)]
+        elif pol.kind == "peer":
+            urls = [cluster.start_peer(logdir, procs, ports, pol.peer or "")]
+        elif pol.kind == "direct":
+            urls, chooser = engine_urls, RoundRobin(len(ports))
+        else:
+            same = [r for r in reqs if r.group == reqs[0].group][:2]
+            shape = prompt_shape(same[0], same[-1])
+            has_cache = http("GET", f"{admin_url}/admin/engines/0/cache")[0] == 200
+            oracle = Oracle(admin_url, len(ports), blocks, cluster.BLOCK_SIZE, shape,
+                            spec.output_len, cluster.MAX_NUM_BATCHED_TOKENS,
+                            group_prompt_tokens(reqs, shape) if has_cache else None)
+            oracle.start()
+            urls, chooser = engine_urls, oracle
+        states0 = await asyncio.to_thread(cluster.engine_states, admin_url)
+        label = f"{pol.name} seed={seed} kv=x{kv_factor:g}"
+        prog = _Progress(label, len(reqs), k, a.quiet)
+        offsets = [t * k for t in arrival_times(spec, len(reqs))]
+        live = RunStats()
+        run = asyncio.create_task(drive(reqs, offsets, urls, chooser, cluster.MODEL,
+                                        spec.max_concurrency, a.request_timeout,
+                                        prog.on_result, live))
+        while not run.done():
+            await asyncio.wait({run}, timeout=2.0)
+            if not run.done():
+                st = await asyncio.to_thread(cluster.engine_states, admin_url)
+                prog.line(live.in_flight,
+                          max(s["lag_seconds"] for s in st), max(s["lag_max_seconds"] for s in st))
+        stats = run.result()
+        states1 = await asyncio.to_thread(cluster.engine_states, admin_url)
+    finally:
+        if oracle is not None:
+            await oracle.stop()
+        for p in reversed(procs):
+            p.stop()
+
+    (h0, q0), (h1, q1) = _totals(states0), _totals(states1)
+    ok = [r for r in stats.results if r.ok]
+    sim_s = stats.wall_s / k
+    lag_max = max(s["lag_max_seconds"] for s in states1)
+    send_late = stats.max_send_late_s / k
+    reason = None
+    if lag_max > a.max_lag * sim_s:
+        reason = f"engine lag {lag_max:.3f}s > {a.max_lag:.0%} of the {sim_s:.1f}s run"
+    elif send_late > a.max_lag * sim_s:
+        reason = f"sender {send_late:.3f}s behind schedule > {a.max_lag:.0%} of the run"
+    ttfts = [r.ttft_s / k for r in ok]
+    errors: dict[str, int] = {}
+    for r in stats.results:
+        if not r.ok:
+            errors[(r.error or "?")[:120]] = errors.get((r.error or "?")[:120], 0) + 1
+    cell = {
+        "policy": pol.name, "seed": seed, "kv_factor": kv_factor, "kv_blocks": blocks,
+        "accepted": reason is None, "reject_reason": reason,
+        "requests": len(reqs), "completed": len(stats.results), "ok": len(ok),
+        "errors": errors, "wall_s": stats.wall_s, "sim_duration_s": sim_s,
+        "engine_lag_max_s": lag_max, "send_late_max_s": send_late,
+        "prefix_hits": h1 - h0, "prefix_queries": q1 - q0,
+        "preemptions": sum(r["preemptions_total"] for s in states1 for r in s["ranks"]),
+        "metrics": report.cell_metrics(ttfts, [r.e2e_s / k for r in ok], sim_s, h1 - h0, q1 - q0),
+    }
+    if oracle is not None:
+        cell["oracle_cache_source"] = oracle.cache_source
+    if pol.kind in ("oracle", "direct"):
+        cell["per_engine_requests"] = [sum(1 for r in stats.results if r.target == i)
+                                       for i in range(len(engine_urls))]
+    return cell, ttfts
+
+
+async def bench(a: argparse.Namespace, logdir: Path) -> dict[str, Any]:
+    spec = profile(a.profile, num_groups=a.num_groups, prompts_per_group=a.prompts_per_group,
+                   system_prompt_len=a.system_prompt_len, question_len=a.question_len,
+                   output_len=a.output_len, request_rate=a.request_rate,
+                   max_concurrency=a.max_concurrency)
+    summary: dict[str, Any] = {
+        "profile": a.profile, "workload": spec.to_json(), "time_scale": a.time_scale,
+        "engines": cluster.N_ENGINES, "block_size": cluster.BLOCK_SIZE, "model": cluster.MODEL,
+        "max_lag_fraction": a.max_lag, "seeds": a.seed_list, "tables": [],
+    }
+    a.out.mkdir(parents=True, exist_ok=True)
+    for kv_factor in a.kv_list:
+        block: dict[str, Any] = {"kv_factor": kv_factor,
+                                 "kv_blocks": cluster.kv_blocks(spec, kv_factor), "rows": {}}
+        summary["tables"].append(block)
+        ttfts: dict[str, list[float]] = {}
+        for pol in a.policy_list:
+            sched = a.overrides.get(pol.name, pol.scheduler_yaml)
+            why = cluster.unavailable(pol, sched)
+            if why is not None:
+                print(f"skip {pol.name}: {why}", file=sys.stderr)
+                block["rows"][pol.name] = {"skipped": why}
+                continue
+            cells = []
+            for seed in a.seed_list:
+                cell_dir = logdir / f"{pol.name}-s{seed}-kv{kv_factor:g}"
+                cell_dir.mkdir(parents=True, exist_ok=True)
+                cell, tt = await run_cell(a, spec, pol, sched, kv_factor, seed, cell_dir)
+                cells.append(cell)
+                m = cell["metrics"]
+                verdict = "ok" if cell["accepted"] else f"REJECTED ({cell['reject_reason']})"
+                print(f"{pol.name} seed={seed} kv=x{kv_factor:g}: {cell['ok']}/{cell['requests']} ok, "
+                      f"{m['req_s']:.2f} req/s, mean TTFT {m['ttft_mean_s'] or math.nan:.3f}s, "
+                      f"hit {100 * (m['hit_rate'] or 0):.1f}%, lag {cell['engine_lag_max_s']:.3f}s "
+                      f"-> {verdict}", file=sys.stderr, flush=True)
+                if cell["accepted"]:
+                    ttfts.setdefault(pol.name, []).extend(tt)
+            good = [c for c in cells if c["accepted"]]
+            block["rows"][pol.name] = {"seeds_run": len(cells), "seeds_ok": len(good),
+                                       "aggregate": report.aggregate(good), "cells": cells}
+        if ttfts:
+            report.plot_ttft(a.out / f"ttft_kv{kv_factor:g}.png", ttfts,
+                             f"TTFT, profile {a.profile}, KV x{kv_factor:g}")
+    if len(a.kv_list) > 1:
+        report.plot_sweep(a.out / "sweep.png", summary)
+    report.write_json(a.out / "results.json", summary)
+    (a.out / "results.md").write_text(report.markdown(summary))
+    return summary
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    install_uvloop()
+    signal.signal(signal.SIGTERM, _interrupt)  # same clean-up path as Ctrl-C
+    logdir = Path(tempfile.mkdtemp(prefix="shared-prefix-"))
+    ok = False
+    try:
+        asyncio.run(bench(a, logdir))
+        ok = True
+    except StartError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if a.keep_logs or not ok:
+            print(f"logs: {logdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(logdir, ignore_errors=True)
+    print((a.out / "results.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""OpenAI-style error answers (vLLM's shape) and JSON responses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+JSON = "application/json"
+
+
+class ApiError(Exception):
+    """An OpenAI-style error answer (vLLM's shape: {"error": {...}})."""
+
+    def __init__(self, status: int, message: str, type_: str | None = None,
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_ or _ERROR_TYPES.get(status, "BadRequestError")
+        self.param = param
+
+    def response(self) -> web.Response:
+        return error_response(self.status, self.message, self.type, self.param)
+
+
+_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
+                502: "BadGatewayError", 503: "ServiceUnavailableError", 504: "GatewayTimeout"}
+
+
+def error_response(status: int, message: str, type_: str | None = None,
+                   param: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": type_ or _ERROR_TYPES.get(status, "Error"),
+                      "param": param, "code": status}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type=JSON)
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(obj), content_type=JSON)

@@ -1,0 +1,137 @@
+"""Tokenizer prefix cache: ids equal full tokenization (hypothesis), on the simulator's
+ByteLevel tokenizer and on Metaspace / Llama-3-style tokenizers trained in fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from kthena_router.scheduling.tokenizer_cache import (
+    CachedTokenizer,
+    TokenizerRegistry,
+    TokenizerUnavailable,
+    engine_adds_special_tokens,
+)
+
+SIM_TOKENIZER = Path(__file__).resolve().parents[2] / "loadtest" / "simulator" / "tokenizer" / "tokenizer.json"
+SPECIALS = ["<s>", "</s>", "<|eot_id|>", "<|start_header_id|>"]
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. We're here, it's 2024-05-01 12345!",
+    "def f(x):\n    return x ** 2  # café naïve résumé 東京 😀\n\n\n",
+    "   leading spaces\ttabs\r\nwindows lines and 'quotes' \"double\" <|eot_id|> end",
+] * 20
+
+# Words and separators that stress pre-tokenizer boundaries (contractions, digits,
+# whitespace runs, special tokens, multi-byte characters).
+ALPHABET = st.sampled_from([
+    "the", "quick", "fox", "We", "'re", "'s", "'", "12", "345", "6", " ", "  ", "\n", "\n\n", "\t",
+    "é", "東京", "😀", "<|eot_id|>", "<|start_header_id|>", "<|eot", "_id|>", "<s>", ".", "!!", "-",
+])
+TEXT = st.lists(ALPHABET, max_size=120).map("".join)
+
+
+def _metaspace() -> Tokenizer:
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", *SPECIALS]))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    return tok
+
+
+def _llama3_style() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    split = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[
+        ("<s>", tok.token_to_id("<s>")), ("</s>", tok.token_to_id("</s>"))])
+    return tok
+
+
+TOKENIZERS = {
+    "simulator": lambda: Tokenizer.from_file(str(SIM_TOKENIZER)),
+    "metaspace": _metaspace,
+    "llama3-style": _llama3_style,
+}
+
+
+@pytest.fixture(scope="module", params=list(TOKENIZERS))
+def pair(request) -> tuple[Tokenizer, CachedTokenizer]:
+    make = TOKENIZERS[request.param]
+    # small chunks so that short generated texts cross many chunk boundaries
+    return make(), CachedTokenizer(make(), chunk_chars=40, cache_tokens=50_000)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shared=TEXT, tails=st.lists(TEXT, min_size=1, max_size=4), special=st.booleans())
+def test_prefix_cache_equals_full_tokenization(pair, shared, tails, special):
+    reference, cached = pair
+    for tail in tails:
+        text = shared + tail
+        assert cached.encode(text, special).tolist() == reference.encode(text, add_special_tokens=special).ids
+
+
+def test_shared_prefix_is_reused(pair):
+    reference, cached = pair
+    cached.clear()
+    shared = " ".join(CORPUS[:6])
+    before = cached.stats.chunk_hits
+    for q in ("first question?", "a different one!", "third"):
+        text = shared + q
+        assert cached.encode(text, True).tolist() == reference.encode(text, add_special_tokens=True).ids
+    # the 2nd and 3rd prompts reuse every full chunk of the shared part
+    assert cached.stats.chunk_hits - before >= 2 * (len(shared) // cached.chunk_chars) - 2
+    assert cached.stats.resync_failures == 0
+
+
+def test_cache_is_bounded(pair):
+    reference, _ = pair
+    small = CachedTokenizer(TOKENIZERS["simulator"](), chunk_chars=32, cache_tokens=200)
+    for i in range(50):
+        small.encode(f"{i} " + CORPUS[i % 3] * 3, False)
+        assert small.stats.cached_tokens <= 200
+    assert small.stats.entries > 0
+
+
+def test_one_giant_word_is_not_cached():
+    tok = Tokenizer.from_file(str(SIM_TOKENIZER))
+    cached = CachedTokenizer(Tokenizer.from_file(str(SIM_TOKENIZER)), chunk_chars=64)
+    text = "x" * 1000  # a single pre-tokenizer word: no safe cut inside
+    assert cached.encode(text, False).tolist() == tok.encode(text, add_special_tokens=False).ids
+    assert cached.stats.entries == 0
+
+
+def test_truncation_in_tokenizer_json_is_ignored():
+    tok = Tokenizer.from_file(str(SIM_TOKENIZER))
+    tok.enable_truncation(8)
+    cached = CachedTokenizer(tok)
+    full = Tokenizer.from_file(str(SIM_TOKENIZER)).encode("word " * 100, add_special_tokens=False).ids
+    assert len(full) > 8 and cached.encode("word " * 100, False).tolist() == full
+
+
+def test_engine_adds_special_tokens():
+    assert engine_adds_special_tokens({}, chat=False) is True
+    assert engine_adds_special_tokens({}, chat=True) is False
+    assert engine_adds_special_tokens({"add_special_tokens": True}, chat=True) is True
+    assert engine_adds_special_tokens({"add_special_tokens": "yes"}, chat=False) is True
+
+
+def test_registry_loads_once_and_shares(tmp_path):
+    reg = TokenizerRegistry({"a": str(SIM_TOKENIZER), "b": str(SIM_TOKENIZER), "broken": str(tmp_path / "nope.json")})
+    a = reg.get("a")
+    assert a is not None and reg.get("a") is a and reg.get("b") is a
+    assert reg.get("unknown") is None
+    with pytest.raises(TokenizerUnavailable, match="nope.json"):
+        reg.get("broken")
+    assert [e.split(":")[0] for e in reg.load_all()] == ["broken"]
