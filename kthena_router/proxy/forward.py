@@ -405,6 +405,8 @@ class _Request:
         self.status = 200
         await send({"type": "http.response.start", "status": 200, "headers": self._start_headers(resp, None)})
         t_first = time.perf_counter()
+        if relay.saw_done:
+            self._last_send()
         await send({"type": "http.response.body", "body": first, "more_body": True})
         t_last = t_first
         failure: Failure | None = None
@@ -415,6 +417,10 @@ class _Request:
                     break
                 out = relay.feed(chunk)
                 if out:
+                    if relay.saw_done:
+                        # The client has everything it needs and may hang up now; that
+                        # is a completed request, not a cancellation.
+                        self._last_send()
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                     t_last = time.perf_counter()
         except InvalidStream:

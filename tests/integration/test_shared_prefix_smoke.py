@@ -1,0 +1,102 @@
+"""The shared-prefix benchmark runner at a tiny size (seconds), and the CI comparison.
+
+No wall-clock thresholds: the smoke run disables the lag rejection (--max-lag huge) and
+checks completeness and consistency, plus what the physics implies within one run: the
+oracle (which knows where each prefix is cached) hits the cache more than round-robin.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtest.shared_prefix import cluster, policies, report
+
+ROOT = Path(__file__).resolve().parents[2]
+HIT_MARGIN = 0.05  # oracle over round-robin, absolute (observed: ~20-35 points)
+
+
+def run_runner(out: Path, *args: str, timeout_s: float = 1200.0) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "loadtest.shared_prefix.runner", "--out", str(out),
+           "--quiet", *args]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    assert p.returncode == 0, f"runner exited {p.returncode}\n{p.stderr[-3000:]}"
+    return json.loads((out / "results.json").read_text())
+
+
+def row(summary: dict[str, Any], policy: str, table: int = 0) -> dict[str, Any]:
+    r = summary["tables"][table]["rows"][policy]
+    assert not r.get("skipped"), f"{policy} skipped: {r.get('skipped')}"
+    return r
+
+
+def check_consistent(summary: dict[str, Any], policy: str) -> None:
+    r = row(summary, policy)
+    wl = summary["workload"]
+    n = wl["num_groups"] * wl["prompts_per_group"]
+    assert r["seeds_run"] == len(summary["seeds"]) and r["seeds_ok"] == r["seeds_run"]
+    for c in r["cells"]:
+        assert c["requests"] == n and c["completed"] == n and c["ok"] == n, c["errors"]
+        assert 0 < c["prefix_hits"] <= c["prefix_queries"]
+        m = c["metrics"]
+        assert set(report.METRICS) <= set(m)
+        assert 0.0 <= m["hit_rate"] <= 1.0
+        assert m["req_s"] > 0
+        assert 0 < m["ttft_p50_s"] <= m["ttft_p90_s"] <= m["ttft_p99_s"]
+        assert m["ttft_mean_s"] < m["e2e_mean_s"]
+        if "per_engine_requests" in c:
+            assert sum(c["per_engine_requests"]) == n
+    for metric, agg in r["aggregate"].items():
+        assert agg["min"] <= agg["mean"] <= agg["max"], metric
+
+
+def mean(summary: dict[str, Any], policy: str, metric: str, table: int = 0) -> float:
+    v = row(summary, policy, table)["aggregate"][metric]["mean"]
+    assert v is not None, f"{policy}: no {metric}"
+    return float(v)
+
+
+def assert_prefix_aware_wins(summary: dict[str, Any], aware: str, baseline: str) -> None:
+    """The CI comparison (issue 4): `aware` vs `baseline` (random) in the same run."""
+    hit_a, hit_b = mean(summary, aware, "hit_rate"), mean(summary, baseline, "hit_rate")
+    rps_a, rps_b = mean(summary, aware, "req_s"), mean(summary, baseline, "req_s")
+    ttft_a, ttft_b = mean(summary, aware, "ttft_mean_s"), mean(summary, baseline, "ttft_mean_s")
+    assert hit_a >= hit_b + 0.20, f"hit rate {aware} {hit_a:.3f} vs {baseline} {hit_b:.3f}"
+    assert rps_a >= 1.5 * rps_b, f"req/s {aware} {rps_a:.2f} vs {baseline} {rps_b:.2f}"
+    assert ttft_a < ttft_b, f"mean TTFT {aware} {ttft_a:.3f}s vs {baseline} {ttft_b:.3f}s"
+
+
+def test_runner_smoke_round_robin_and_oracle(tmp_path: Path) -> None:
+    s = run_runner(tmp_path, "--profile", "tiny", "--policies", "round-robin,oracle",
+                   "--seeds", "1", "--max-lag", "1e9", timeout_s=300)
+    for p in ("round-robin", "oracle"):
+        check_consistent(s, p)
+    oracle_cell = row(s, "oracle")["cells"][0]
+    assert oracle_cell["oracle_cache_source"] in ("model", "admin")
+    assert mean(s, "oracle", "hit_rate") >= mean(s, "round-robin", "hit_rate") + HIT_MARGIN
+    md = (tmp_path / "results.md").read_text()
+    assert "| round-robin | 1/1 |" in md and "| oracle | 1/1 |" in md
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (tmp_path / "ttft_kv0.5.png").stat().st_size > 0
+
+
+@pytest.mark.skipif(not cluster.router_supports_config(),
+                    reason=f"router has no {policies.ROUTER_CONFIG_FLAG} yet (step 2)")
+def test_prefix_aware_beats_random_ci(tmp_path: Path) -> None:
+    aware, baseline = "kvcache-aware+least-request", "random"
+    s = run_runner(tmp_path, "--profile", "ci", "--policies", f"{baseline},{aware}",
+                   "--seeds", "1")
+    for p in (baseline, aware):
+        r = row(s, p)
+        rejected = [c["reject_reason"] for c in r["cells"] if not c["accepted"]]
+        assert not rejected, f"{p}: cells rejected (machine too busy?): {rejected}"
+        check_consistent(s, p)
+    assert_prefix_aware_wins(s, aware, baseline)
