@@ -28,7 +28,7 @@ from kthena_router.config.loader import load_config_file
 from kthena_router.config.model import RouterConfig
 from kthena_router.config.watcher import ConfigWatcher
 from kthena_router.endpoints.balancer import RoundRobinBalancer
-from kthena_router.endpoints.health import HealthProber
+from kthena_router.endpoints.health import EjectionPolicy, HealthProber
 from kthena_router.endpoints.registry import EndpointRegistry
 from kthena_router.errors import error_response
 from kthena_router.metrics import RouterMetrics, ensure_multiprocess
@@ -129,7 +129,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     ensure_multiprocess(settings.prometheus_dir)
     metrics = RouterMetrics()
     holder = StateHolder()
-    registry = EndpointRegistry()
+    registry = EndpointRegistry(ejection=EjectionPolicy(settings.eject_base_s, settings.eject_max_s))
     pool = UpstreamPool(settings)
     balancer = RoundRobinBalancer()
 

@@ -46,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--first-byte-timeout-s", dest="default_first_byte_timeout_s", type=float,
                    default=d.default_first_byte_timeout_s,
                    help="first-byte timeout when a ModelServer sets no trafficPolicy.timeout")
+    p.add_argument("--eject-base-s", type=float, default=d.eject_base_s,
+                   help="first passive-ejection backoff of a failing endpoint (doubles, capped)")
+    p.add_argument("--eject-max-s", type=float, default=d.eject_max_s,
+                   help="longest passive-ejection backoff")
     return p
 
 
@@ -63,6 +67,8 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         runtime_dir=args.runtime_dir,
         health_probe_interval_s=args.health_probe_interval_s,
         default_first_byte_timeout_s=args.default_first_byte_timeout_s,
+        eject_base_s=args.eject_base_s,
+        eject_max_s=args.eject_max_s,
     ).resolved()
     settings.validate()
     return settings

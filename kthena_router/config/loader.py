@@ -629,7 +629,8 @@ class _Builder:
                 if wp.get("protocol") is not None:
                     protocol = _enum(c, wp["protocol"], "spec.workloadPort.protocol", _PROTOCOLS) or protocol
         timeout_s: float | None = None
-        attempts, interval = 0, 0.1
+        attempts: int | None = None  # None: no retry policy given (router default applies)
+        interval = 0.1
         if spec.get("trafficPolicy") is not None:
             tp = _mapping(c, spec["trafficPolicy"], "spec.trafficPolicy", ("timeout", "retry"))
             if tp is not None:
@@ -638,7 +639,7 @@ class _Builder:
                     rp = "spec.trafficPolicy.retry"
                     r = _mapping(c, tp["retry"], rp, ("attempts", "retryInterval"))
                     if r is not None:
-                        attempts = _int(c, r.get("attempts"), rp + ".attempts", 0) or 0
+                        attempts = _int(c, r.get("attempts"), rp + ".attempts", 0)
                         iv = _duration(c, r.get("retryInterval"), rp + ".retryInterval")
                         interval = interval if iv is None else iv
         kv: str | None = None

@@ -114,7 +114,7 @@ class ModelServer:
     port: int
     protocol: str  # "http" | "https"
     timeout_s: float | None  # None = no first-byte timeout
-    retry_attempts: int
+    retry_attempts: int | None  # None: no trafficPolicy.retry (router default: distinct endpoints)
     retry_interval_s: float
     # From annotations; repr=False keeps bearer tokens out of logs and tracebacks.
     upstream_headers: dict[str, str] = field(default_factory=dict, repr=False)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -34,6 +35,18 @@ MAX_EJECT_S = 30.0
 FIVE_XX_THRESHOLD = 3
 
 
+@dataclass(frozen=True, slots=True)
+class EjectionPolicy:
+    """Passive ejection: backoff doubles per consecutive ejection, capped."""
+
+    base_s: float = BASE_EJECT_S
+    max_s: float = MAX_EJECT_S
+    five_xx_threshold: int = FIVE_XX_THRESHOLD  # one bad request must not eject every engine
+
+
+DEFAULT_POLICY = EjectionPolicy()
+
+
 class Failure(str, Enum):
     CONNECT = "connect_error"
     TIMEOUT = "timeout"
@@ -43,9 +56,11 @@ class Failure(str, Enum):
 
 
 class EndpointHealth:
-    __slots__ = ("healthy", "ejected_until", "ejections", "consecutive_5xx", "on_change")
+    __slots__ = ("healthy", "ejected_until", "ejections", "consecutive_5xx", "on_change", "policy")
 
-    def __init__(self, on_change: Callable[[bool], None] | None = None) -> None:
+    def __init__(self, on_change: Callable[[bool], None] | None = None,
+                 policy: EjectionPolicy = DEFAULT_POLICY) -> None:
+        self.policy = policy
         self.healthy = True  # optimistic: the first request need not wait for a probe
         self.ejected_until = 0.0
         self.ejections = 0  # consecutive ejections, drives the backoff
@@ -67,7 +82,7 @@ class EndpointHealth:
         """Passive observation; returns True if the endpoint got ejected by it."""
         if kind is Failure.HTTP_5XX:
             self.consecutive_5xx += 1
-            if self.consecutive_5xx < FIVE_XX_THRESHOLD:
+            if self.consecutive_5xx < self.policy.five_xx_threshold:
                 return False
         self.eject(time.monotonic() if now is None else now)
         return True
@@ -75,7 +90,7 @@ class EndpointHealth:
     def eject(self, now: float) -> None:
         self.consecutive_5xx = 0
         if self.healthy or now >= self.ejected_until:
-            backoff = min(BASE_EJECT_S * (2 ** self.ejections), MAX_EJECT_S)
+            backoff = min(self.policy.base_s * (2 ** self.ejections), self.policy.max_s)
             self.ejections += 1
             self.ejected_until = now + backoff
         self._set(False)

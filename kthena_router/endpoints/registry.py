@@ -16,7 +16,7 @@ import ssl
 from collections.abc import Callable, Iterable, Mapping
 
 from kthena_router.config.model import ModelServer, RouterConfig
-from kthena_router.endpoints.health import EndpointHealth
+from kthena_router.endpoints.health import DEFAULT_POLICY, EjectionPolicy, EndpointHealth
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,9 @@ def _ssl_for(server: ModelServer, insecure_ctx: ssl.SSLContext) -> ssl.SSLContex
 class EndpointRegistry:
     """Builds the per-server target lists; owns the per-key health objects (per worker)."""
 
-    def __init__(self, on_health_change: Callable[[str, bool], None] | None = None) -> None:
+    def __init__(self, on_health_change: Callable[[str, bool], None] | None = None,
+                 ejection: EjectionPolicy = DEFAULT_POLICY) -> None:
+        self._ejection = ejection
         self._health: dict[str, EndpointHealth] = {}
         self._dns: dict[str, list[str]] = {}  # name -> resolved IPs (last good answer)
         self._on_change = on_health_change
@@ -85,7 +87,7 @@ class EndpointRegistry:
     def _health_of(self, key: str) -> EndpointHealth:
         health = self._health.get(key)
         if health is None:
-            health = EndpointHealth(lambda ok, k=key: self._notify(k, ok))
+            health = EndpointHealth(lambda ok, k=key: self._notify(k, ok), self._ejection)
             self._health[key] = health
         return health
 

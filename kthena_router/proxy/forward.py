@@ -260,7 +260,7 @@ class _Request:
         if not candidates:
             fw.prober.probe_soon(targets)
             raise RequestError(503, f"no healthy endpoint for model `{body.model}`")
-        if server.retry_attempts > 0:
+        if server.retry_attempts is not None:  # explicit policy, 0 = no retry
             attempts = 1 + server.retry_attempts
         else:  # no retry policy: each candidate at most once, up to the default count
             attempts = min(fw.settings.default_retry_endpoints, len(candidates))

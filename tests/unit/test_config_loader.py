@@ -85,7 +85,7 @@ def test_full_schema_is_parsed(tmp_path):
 def test_defaults(tmp_path):
     cfg = load(tmp_path, base())
     s = cfg.servers[("default", "s")]
-    assert (s.port, s.protocol, s.timeout_s, s.retry_attempts, s.retry_interval_s) == (8000, "http", None, 0, 0.1)
+    assert (s.port, s.protocol, s.timeout_s, s.retry_attempts, s.retry_interval_s) == (8000, "http", None, None, 0.1)
     assert s.upstream_headers == {} and s.tls_insecure_skip_verify is False and s.kv_connector is None
     assert cfg.routes[0].namespace == "default" and cfg.routes[0].rules[0].targets[0].weight is None
 
