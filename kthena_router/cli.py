@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--first-byte-timeout-s", dest="default_first_byte_timeout_s", type=float,
                    default=d.default_first_byte_timeout_s,
                    help="first-byte timeout when a ModelServer sets no trafficPolicy.timeout")
+    p.add_argument("--route-seed", type=int, default=None,
+                   help="seed of the weighted (canary) target draw, for reproducible splits")
     p.add_argument("--eject-base-s", type=float, default=d.eject_base_s,
                    help="first passive-ejection backoff of a failing endpoint (doubles, capped)")
     p.add_argument("--eject-max-s", type=float, default=d.eject_max_s,
@@ -67,6 +69,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         runtime_dir=args.runtime_dir,
         health_probe_interval_s=args.health_probe_interval_s,
         default_first_byte_timeout_s=args.default_first_byte_timeout_s,
+        route_seed=args.route_seed,
         eject_base_s=args.eject_base_s,
         eject_max_s=args.eject_max_s,
     ).resolved()

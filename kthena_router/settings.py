@@ -71,8 +71,20 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Upstream TCP connect timeout."""
     upstream_pool_size: int = 512
     """Max pooled upstream connections per worker (all endpoints together)."""
+    route_seed: int | None = None
+    """Seed of the weighted-target draw (each worker seeds its own generator with it);
+    None: seeded from the OS. A seed makes a 1-worker run's split reproducible."""
     watch_config: bool = True
     """Watch the config file's directory and reload on change."""
+    router_config_path: str = ""
+    """Kthena routerConfiguration file (scheduler plugins). Empty: round-robin among healthy
+    endpoints and no engine scraping (step-1 behaviour). Read once per worker at start."""
+    scrape_interval_s: float = 1.0
+    """Period of each endpoint's /metrics + /v1/models scrape (only with a router config)."""
+    hot_spot_abs: float = 32.0
+    """Hot-spot guard: the affinity choice must be more than this many requests busier ..."""
+    hot_spot_rel: float = 1.5
+    """... and more than this many times busier than the least loaded one for load to win."""
     app_factory: str = "kthena_router.app:create_app"
     """granian target (module:factory) of the workers; changed only by tests of the supervisor."""
 
@@ -81,10 +93,14 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def resolved(self) -> "RouterSettings":
         """Copy with absolute paths and defaults that depend on runtime_dir filled in."""
         config_path = str(Path(self.config_path).expanduser().resolve())
+        router_config = self.router_config_path
+        if router_config:
+            router_config = str(Path(router_config).expanduser().resolve())
         trigger = self.reload_trigger_path
         if not trigger and self.runtime_dir:
             trigger = str(Path(self.runtime_dir) / RELOAD_TRIGGER_NAME)
-        return msgspec.structs.replace(self, config_path=config_path, reload_trigger_path=trigger)
+        return msgspec.structs.replace(self, config_path=config_path, reload_trigger_path=trigger,
+                                       router_config_path=router_config)
 
     def validate(self) -> None:
         """Raise SettingsError on values that cannot work."""
@@ -100,6 +116,11 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise SettingsError(f"drain_grace_s must be >= 0, got {self.drain_grace_s}")
         if not 0 < self.eject_base_s <= self.eject_max_s:
             raise SettingsError(f"need 0 < eject_base_s <= eject_max_s, got {self.eject_base_s}, {self.eject_max_s}")
+        if self.scrape_interval_s <= 0:
+            raise SettingsError(f"scrape_interval_s must be > 0, got {self.scrape_interval_s}")
+        if self.hot_spot_abs < 0 or self.hot_spot_rel < 1:
+            raise SettingsError(f"need hot_spot_abs >= 0 and hot_spot_rel >= 1, got {self.hot_spot_abs}, "
+                                f"{self.hot_spot_rel}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise SettingsError(f"log_level must be debug|info|warning|error, got {self.log_level!r}")
 

@@ -62,7 +62,6 @@ _KNOWN_PATHS = frozenset({
     "/v1/rerank", "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/tokenize",
     "/v1/detokenize", "/v1/chat/completions/render",
 })
-_rng = random.Random()  # weighted route splits; one per worker
 
 
 def _path_label(path: str) -> str:
@@ -118,6 +117,8 @@ class Forwarder:
         self.balancer = balancer
         self.metrics = metrics
         self.prober = prober
+        # Weighted route splits; per worker. A fixed seed makes a 1-worker run reproducible.
+        self.rng = random.Random(settings.route_seed)
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -185,7 +186,7 @@ class _Request:
                 if state is None:
                     raise RequestError(503, "router has no configuration loaded yet")
                 try:
-                    match = state.table.match(body.model, self.path, self.header_map, _rng)
+                    match = state.table.match(body.model, self.path, self.header_map, self.fw.rng)
                 except RouteNotFound as exc:
                     raise RequestError(404, exc.message, param="model") from None
                 self.model_label = body.model
