@@ -1,0 +1,37 @@
+"""What the scheduler needs to know about one request (built by the proxy, once).
+
+The prompt is rendered lazily: only a pipeline with a prefix plugin pays for it, and only
+once per request (retries reuse the hashes kept here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .render import render_request
+
+CHAT_PATH = "/v1/chat/completions"
+PROMPT_PATHS = frozenset((CHAT_PATH, "/v1/completions"))
+
+
+class RequestInfo:
+    __slots__ = ("request_id", "path", "obj", "model", "lora", "model_label", "hashes")
+
+    def __init__(self, request_id: str, path: str, obj: Any, model: str, lora: str, model_label: str) -> None:
+        self.request_id = request_id
+        self.path = path
+        self.obj = obj  # the parsed body (dict)
+        self.model = model  # ModelServer.model: the engine's base model (prefix-index key)
+        self.lora = lora  # adapter name, "" for the base model
+        self.model_label = model_label  # the client's model name (metrics label)
+        self.hashes: Any = None  # _core.BlockHashes of the prompt, set by the scheduler
+
+    def prompt(self) -> bytes | None:
+        """Canonical prompt bytes, or None when the request has no prompt we understand
+        (other paths, malformed messages: the engine answers those; we just do not match)."""
+        if self.path not in PROMPT_PATHS or type(self.obj) is not dict:
+            return None
+        try:
+            return render_request(self.obj, self.path == CHAT_PATH)
+        except (ValueError, TypeError, AttributeError):
+            return None
