@@ -1,0 +1,308 @@
+"""The scheduling pipeline behind the proxy's `balancer.candidates(...)` call.
+
+Per request: at most ONE prefix lookup (`PrefixIndex.match_prompt`: hash + match in Rust)
+and ONE scoring call (`Scorer.schedule`: every filter and score plugin, weights, hot-spot
+guard, tie-break by a hash of the request id) -> ordered endpoint ids -> EndpointStates.
+No Python loop over blocks or endpoints on that path (only the result list is mapped).
+
+Feeds, all into the Rust Scorer:
+- engine snapshots from EngineStateScraper (`on_snapshot`): running/waiting/KV usage/TTFT/
+  TPOT, or `mark_stale` on a failed scrape (stale = worst load, never zero), loaded LoRA
+  adapters, and the engine's KV capacity, which sizes the endpoint's PrefixIndex LRU;
+- the proxy's own events: `dispatched` (+1 in flight, prefix ownership recorded NOW, not
+  when the response ends) and `finished` (-1, observed TTFT/TPOT), so the next request
+  already sees this one.
+
+Per worker process (granian workers share nothing): the Scorers (in-flight counts, EWMAs),
+the approximate PrefixIndex and the scraper. With N workers each index sees ~1/N of the
+traffic, so affinity is weaker (measured in the closing note of step 2).
+
+One Scorer per ModelServer (its endpoint set); one PrefixIndex for the worker, keyed by a
+seed per (ModelServer.model, LoRA adapter), so different models/adapters never match.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from operator import itemgetter
+from typing import Any, Protocol
+
+from kthena_router._core import PrefixIndex, Scorer, prefix_seed
+from kthena_router.endpoints.registry import EndpointState, ServerKey
+from kthena_router.engine_state.snapshot import EndpointSnapshot
+from kthena_router.metrics import RouterMetrics
+
+from .config import PrefixCacheArgs, SchedulerSettings
+from .request import RequestInfo
+
+log = logging.getLogger(__name__)
+
+# Kthena's maxHashCacheSize default: entries per endpoint while the engine's KV capacity
+# is unknown (no vllm:cache_config_info) and the config sets none.
+DEFAULT_INDEX_CAPACITY = 50_000
+BYTES_PER_TOKEN = 4  # prompt bytes per engine token, to turn KV blocks into byte blocks
+MAX_CANDIDATES = 16  # retries never walk further; keeps the id -> endpoint mapping short
+PREFIX_PLUGINS = ("prefix-cache", "kvcache-aware")
+_NAN = math.nan
+_best = itemgetter(1)
+
+
+class KvAwareMatcher(Protocol):
+    """Hook for the exact `kvcache-aware` plugin (KV events). Returns (matches, total
+    blocks) where matches are [(endpoint id, matched blocks)] from the engines' true cache,
+    merged with `approx` for endpoints whose event stream is down; None = unavailable
+    (the scheduler then uses `approx`, i.e. prefix-cache behaviour, and counts it)."""
+
+    def match(self, info: RequestInfo, approx: list[tuple[int, int]] | None,
+              approx_total: int) -> tuple[list[tuple[int, int]], int] | None: ...
+
+
+class _ServerView:
+    __slots__ = ("key", "label", "scorer", "eps", "by_id")
+
+    def __init__(self, key: ServerKey, scorer: Scorer) -> None:
+        self.key = key
+        self.label = f"{key[0]}/{key[1]}"
+        self.scorer = scorer
+        self.eps: Sequence[EndpointState] | None = None  # the tuple the view was built for
+        self.by_id: dict[int, EndpointState] = {}
+
+
+class Scheduler:
+    """Drop-in for RoundRobinBalancer with the plugin pipeline of a routerConfiguration."""
+
+    needs_request_info = True
+
+    def __init__(self, cfg: SchedulerSettings, metrics: RouterMetrics, *, hot_spot_abs: float = 32.0,
+                 hot_spot_rel: float = 1.5) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self._filters = list(cfg.filters)
+        self._scores = [(s.name, float(s.weight)) for s in cfg.scores]
+        self._args = cfg.scorer_args()
+        self._hot = (hot_spot_abs, hot_spot_rel)
+        Scorer(self._filters, self._scores, self._args)  # validate now (ValueError)
+        pa = cfg.args.get("prefix-cache")
+        self.prefix_args = pa if isinstance(pa, PrefixCacheArgs) else PrefixCacheArgs()
+        self.use_prefix = any(cfg.enabled(n) for n in PREFIX_PLUGINS)
+        self.kv_aware = cfg.enabled("kvcache-aware")
+        self.kv_matcher: KvAwareMatcher | None = None
+        fixed = self.prefix_args.max_hash_cache_size
+        self.index = PrefixIndex(fixed if fixed is not None else DEFAULT_INDEX_CAPACITY)
+        self._capacity: dict[int, int] = {}
+        self._views: dict[ServerKey, _ServerView] = {}
+        self._ids: dict[str, int] = {}  # endpoint key "ip:port" -> u32 id (never reused)
+        self._next_id = 0
+        self._scorers_of: dict[str, list[Scorer]] = {}  # endpoint key -> scorers holding it
+        self._seeds: dict[tuple[str, str], int] = {}
+        self._lora_ids: dict[str, int] = {}
+        self._snapshots: dict[str, EndpointSnapshot] = {}
+        self._kv_fallback_reason = "no_event_subscriber"
+
+    # --- configuration / endpoint set ----------------------------------------------------
+    def set_kv_matcher(self, matcher: KvAwareMatcher | None) -> None:
+        self.kv_matcher = matcher
+
+    def sync(self, targets: Mapping[ServerKey, Sequence[EndpointState]]) -> list[EndpointState]:
+        """Reconcile with a new routing state; returns one EndpointState per live key (for
+        the scraper). Endpoints that disappeared are purged from index and scorers."""
+        live: dict[str, EndpointState] = {}
+        for key, eps in targets.items():
+            view = self._views.get(key)
+            if view is None:
+                view = self._views[key] = _ServerView(key, self._new_scorer())
+            self._rebuild(view, eps)
+            for ep in eps:
+                live.setdefault(ep.key, ep)
+        for key in [k for k in self._views if k not in targets]:
+            view = self._views.pop(key)
+            for ep_id in view.scorer.endpoints():
+                view.scorer.remove_endpoint(ep_id)
+            self._rebuild_scorers_of()
+        for ep_key in [k for k in self._ids if k not in live]:
+            ep_id = self._ids.pop(ep_key)
+            self.index.remove_endpoint(ep_id)
+            self._capacity.pop(ep_id, None)
+            self._snapshots.pop(ep_key, None)
+        self._rebuild_scorers_of()
+        return list(live.values())
+
+    def _new_scorer(self) -> Scorer:
+        return Scorer(self._filters, self._scores, self._args, hot_spot_abs=self._hot[0],
+                      hot_spot_rel=self._hot[1], max_candidates=MAX_CANDIDATES)
+
+    def _id(self, ep_key: str) -> int:
+        ep_id = self._ids.get(ep_key)
+        if ep_id is None:
+            ep_id = self._ids[ep_key] = self._next_id
+            self._next_id += 1
+        return ep_id
+
+    def _rebuild(self, view: _ServerView, eps: Sequence[EndpointState]) -> None:
+        """Point the view at `eps` (a new tuple after every state swap); O(endpoints), only
+        when the tuple changed."""
+        by_id = {self._id(ep.key): ep for ep in eps}
+        scorer = view.scorer
+        for ep_id in scorer.endpoints():
+            if ep_id not in by_id:
+                scorer.remove_endpoint(ep_id)
+        known = set(scorer.endpoints())
+        for ep_id, ep in by_id.items():
+            if ep_id not in known:
+                scorer.add_endpoint(ep_id)
+                snap = self._snapshots.get(ep.key)
+                if snap is not None:
+                    self._push(scorer, ep_id, snap)
+        view.eps = eps
+        view.by_id = by_id
+        self._rebuild_scorers_of()
+
+    def _rebuild_scorers_of(self) -> None:
+        out: dict[str, list[Scorer]] = {}
+        for view in self._views.values():
+            for ep in view.by_id.values():
+                out.setdefault(ep.key, []).append(view.scorer)
+        self._scorers_of = out
+
+    # --- the hot path --------------------------------------------------------------------
+    def candidates(self, key: ServerKey, endpoints: Sequence[EndpointState],
+                   info: RequestInfo | None = None) -> list[EndpointState]:
+        """Healthy endpoints, best first (at most MAX_CANDIDATES)."""
+        if not endpoints:
+            return []
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = _ServerView(key, self._new_scorer())
+        if view.eps is not endpoints:
+            self._rebuild(view, endpoints)
+        t0 = time.perf_counter()
+        matches: list[tuple[int, int]] | None = None
+        total = 0
+        lora_id: int | None = None
+        rid_hash = 0
+        model = ""
+        if info is not None:
+            model = info.model_label
+            rid_hash = Scorer.request_hash(info.request_id.encode())
+            if info.lora:
+                lora_id = self._lora_id(info.lora)
+            if self.use_prefix:
+                matches, total = self._match(info)
+        t1 = time.perf_counter()
+        ids = view.scorer.schedule(rid_hash, matches, lora_id, total)
+        t2 = time.perf_counter()
+        by_id = view.by_id
+        out = [ep for ep in map(by_id.get, ids) if ep is not None and ep.health.healthy]
+        if not out:  # every ranked one is ejected: any healthy endpoint still beats a 503
+            out = [ep for ep in endpoints if ep.health.healthy]
+        m = self.metrics
+        if self.use_prefix:
+            m.observe_plugin(model, "prefix-cache", "match", t1 - t0)
+            if total:
+                m.observe_prefix_ratio(model, max(matches, key=_best)[1] / total if matches else 0.0)
+        m.observe_plugin(model, "pipeline", "schedule", t2 - t1)
+        if out:
+            m.decision(view.label, out[0].key)
+        return out
+
+    def _match(self, info: RequestInfo) -> tuple[list[tuple[int, int]] | None, int]:
+        prompt = info.prompt()
+        if prompt is None:
+            return None, 0
+        pa = self.prefix_args
+        hashes, matches = self.index.match_prompt(prompt, pa.block_size_to_hash, self._seed(info.model, info.lora),
+                                                  pa.max_blocks_to_match)
+        info.hashes = hashes
+        total = len(hashes)
+        if self.kv_aware:
+            exact = self.kv_matcher.match(info, matches, total) if self.kv_matcher is not None else None
+            if exact is None:
+                self.metrics.kv_fallback(info.model_label, self._kv_fallback_reason)
+            else:
+                matches, total = exact
+        return matches, total
+
+    def _seed(self, model: str, lora: str) -> int:
+        seed = self._seeds.get((model, lora))
+        if seed is None:
+            seed = self._seeds[(model, lora)] = prefix_seed(model.encode(), lora.encode())
+        return seed
+
+    def _lora_id(self, name: str) -> int:
+        lid = self._lora_ids.get(name)
+        if lid is None:
+            lid = self._lora_ids[name] = len(self._lora_ids)
+        return lid
+
+    def dispatched(self, ep: EndpointState, info: RequestInfo | None) -> None:
+        """An attempt goes to `ep` now: count it in flight and record prefix ownership."""
+        ep_id = self._ids.get(ep.key)
+        if ep_id is None:
+            return
+        for scorer in self._scorers_of.get(ep.key, ()):
+            scorer.add_in_flight(ep_id, 1)
+        if info is not None and info.hashes is not None and len(info.hashes):
+            self.index.insert(ep_id, info.hashes)
+
+    def finished(self, ep: EndpointState, ttft_s: float | None = None, tpot_s: float | None = None) -> None:
+        """The attempt on `ep` ended (any outcome); latencies as this router measured them."""
+        ep_id = self._ids.get(ep.key)
+        if ep_id is None:
+            return
+        for scorer in self._scorers_of.get(ep.key, ()):
+            scorer.add_in_flight(ep_id, -1)
+            if ttft_s is not None or tpot_s is not None:
+                scorer.observe_latency(ep_id, _NAN if ttft_s is None else ttft_s,
+                                       _NAN if tpot_s is None else tpot_s)
+
+    # --- engine state ----------------------------------------------------------------------
+    def on_snapshot(self, snap: EndpointSnapshot) -> None:
+        """EngineStateScraper callback, after every scrape (success or failure)."""
+        ep_id = self._ids.get(snap.key)
+        if ep_id is None:
+            return
+        self._snapshots[snap.key] = snap
+        for scorer in self._scorers_of.get(snap.key, ()):
+            self._push(scorer, ep_id, snap)
+        self._size_index(ep_id, snap)
+
+    def _push(self, scorer: Scorer, ep_id: int, snap: EndpointSnapshot) -> None:
+        if snap.stale:
+            scorer.mark_stale(ep_id)
+        else:
+            scorer.update_metrics(ep_id, _f(snap.running), _f(snap.waiting), _f(snap.kv_usage),
+                                  _f(snap.ttft_mean_s), _f(snap.tpot_mean_s))
+        loras = snap.last_loaded_loras
+        if loras is None and snap.last_running_loras is not None:
+            loras = tuple(set(snap.last_running_loras) | set(snap.last_waiting_loras or ()))
+        if loras is not None:
+            scorer.set_loras(ep_id, [self._lora_id(n) for n in loras], snap.last_max_lora or 0)
+
+    def _size_index(self, ep_id: int, snap: EndpointSnapshot) -> None:
+        """Per-endpoint index capacity follows the engine's KV capacity unless
+        maxHashCacheSize is set (then the PrefixIndex default already is that size)."""
+        if self.prefix_args.max_hash_cache_size is not None or not snap.num_gpu_blocks:
+            return
+        tokens = snap.num_gpu_blocks * (snap.block_size or 16)
+        cap = max(1, math.ceil(tokens * BYTES_PER_TOKEN / self.prefix_args.block_size_to_hash))
+        if self._capacity.get(ep_id) != cap:
+            self._capacity[ep_id] = cap
+            self.index.set_capacity(ep_id, cap)
+
+    # --- views for admin/tests -------------------------------------------------------------
+    def endpoint_id(self, ep_key: str) -> int | None:
+        return self._ids.get(ep_key)
+
+    def signals(self, key: ServerKey, ep_key: str) -> dict[str, Any] | None:
+        view = self._views.get(key)
+        ep_id = self._ids.get(ep_key)
+        if view is None or ep_id is None:
+            return None
+        return view.scorer.signals(ep_id)
+
+
+def _f(v: float | int | None) -> float:
+    return _NAN if v is None else float(v)
