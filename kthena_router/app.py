@@ -6,7 +6,9 @@ Request/Response objects cost nothing that matters.
 
 Per worker process: the config state, route table, endpoint health, round-robin
 counters, upstream connection pool and health prober (every worker probes every
-endpoint every `health_probe_interval_s`).
+endpoint every `health_probe_interval_s`). With a routerConfiguration (--router-config):
+also the scheduler (Rust scorers, in-flight counts, approximate prefix index) and the
+engine-state scraper (every worker scrapes every endpoint every `scrape_interval_s`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -27,16 +29,19 @@ from kthena_router.config.errors import ConfigError
 from kthena_router.config.loader import load_config_file
 from kthena_router.config.model import RouterConfig
 from kthena_router.config.watcher import ConfigWatcher
-from kthena_router.endpoints.balancer import RoundRobinBalancer
+from kthena_router.endpoints.balancer import Balancer, RoundRobinBalancer
 from kthena_router.endpoints.health import EjectionPolicy, HealthProber
 from kthena_router.endpoints.registry import EndpointRegistry
+from kthena_router.engine_state.scraper import EngineStateScraper
 from kthena_router.errors import error_response
 from kthena_router.metrics import RouterMetrics, ensure_multiprocess
 from kthena_router.proxy.forward import Forwarder, Receive, Scope, Send
 from kthena_router.proxy.upstream import UpstreamPool
 from kthena_router.routing.table import RouteTable
+from kthena_router.scheduling.config import load_router_configuration_file
+from kthena_router.scheduling.scheduler import Scheduler
 from kthena_router.settings import RouterSettings
-from kthena_router.state import StateHolder, build_state
+from kthena_router.state import RouterState, StateHolder, build_state
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +57,13 @@ class ConfigApplier:
         self.holder = holder
         self.registry = registry
         self.metrics = metrics
+        self.on_swap: Callable[[RouterState], None] | None = None  # after every state swap
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def _install(self, state: RouterState) -> None:
+        self.holder.swap(state)
+        if self.on_swap is not None:
+            self.on_swap(state)
 
     async def apply(self, cfg: RouterConfig) -> None:
         table = RouteTable.build(cfg)  # first: a table error keeps the old state
@@ -61,7 +72,7 @@ class ConfigApplier:
 
     def _swap(self, cfg: RouterConfig, table: RouteTable) -> None:
         targets = self.registry.build(cfg)
-        self.holder.swap(build_state(cfg, table, targets))
+        self._install(build_state(cfg, table, targets))
         for eps in targets.values():
             for ep in eps:
                 self.metrics.set_endpoint_healthy(ep.server_label, ep.key, ep.health.healthy)
@@ -106,9 +117,24 @@ class ConfigApplier:
                 targets = self.registry.build(state.config)
                 keys = {k: tuple(ep.key for ep in v) for k, v in targets.items()}
                 if keys != {k: tuple(ep.key for ep in v) for k, v in state.targets.items()}:
-                    self.holder.swap(build_state(state.config, state.table, targets))
+                    self._install(build_state(state.config, state.table, targets))
             except Exception:
                 log.exception("DNS refresh failed")
+
+
+def _scheduler_sync(scheduler: Scheduler, scraper: EngineStateScraper) -> Callable[[RouterState], None]:
+    """After a state swap: reconcile scorers/index, and scrape exactly the live endpoints."""
+
+    def on_swap(state: RouterState) -> None:
+        scheduler.sync(state.targets)
+        live: dict[str, tuple[str, str, str]] = {}
+        for key, eps in state.targets.items():
+            flavour = state.config.servers[key].inference_engine
+            for ep in eps:
+                live.setdefault(ep.key, (ep.key, ep.base_url, flavour))
+        scraper.set_endpoints(live.values())
+
+    return on_swap
 
 
 async def _models(request: Request) -> Response:
@@ -131,7 +157,15 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     holder = StateHolder()
     registry = EndpointRegistry(ejection=EjectionPolicy(settings.eject_base_s, settings.eject_max_s))
     pool = UpstreamPool(settings)
-    balancer = RoundRobinBalancer()
+    scheduler: Scheduler | None = None
+    balancer: Balancer
+    if settings.router_config_path:
+        # validated by the parent (cli.py); read once per worker, no reload (as Kthena)
+        router_cfg = load_router_configuration_file(settings.router_config_path)
+        balancer = scheduler = Scheduler(router_cfg.scheduler, metrics, hot_spot_abs=settings.hot_spot_abs,
+                                         hot_spot_rel=settings.hot_spot_rel)
+    else:
+        balancer = RoundRobinBalancer()
 
     def all_targets() -> list[Any]:
         state = holder.current
@@ -157,10 +191,16 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         cfg = await asyncio.to_thread(load_config_file, settings.config_path)
         await pool.start()
-        await applier.apply(cfg)
-        watcher: ConfigWatcher | None = None
         tasks: list[asyncio.Task[None]] = []
         loop = asyncio.get_running_loop()
+        scraper: EngineStateScraper | None = None
+        if scheduler is not None:
+            scraper = EngineStateScraper(pool.session, settings.scrape_interval_s, on_update=scheduler.on_snapshot)
+            applier.on_swap = _scheduler_sync(scheduler, scraper)
+        await applier.apply(cfg)
+        if scraper is not None:
+            tasks.append(loop.create_task(scraper.run()))
+        watcher: ConfigWatcher | None = None
         if settings.watch_config:
             watcher = ConfigWatcher(settings.config_path, applier.on_config, applier.on_error,
                                     trigger_path=settings.reload_trigger_path or None,
@@ -173,6 +213,8 @@ def create_app(settings: RouterSettings | None = None) -> Any:
         finally:
             if watcher is not None:
                 watcher.stop()
+            if scraper is not None:
+                scraper.stop()
             for task in tasks:
                 task.cancel()
             await prober.stop()
@@ -200,4 +242,5 @@ def create_app(settings: RouterSettings | None = None) -> Any:
         await starlette(scope, receive, send)
 
     app.forwarder = forwarder  # type: ignore[attr-defined]  # for in-process tests
+    app.scheduler = scheduler  # type: ignore[attr-defined]
     return app

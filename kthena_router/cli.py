@@ -48,6 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first-byte timeout when a ModelServer sets no trafficPolicy.timeout")
     p.add_argument("--route-seed", type=int, default=None,
                    help="seed of the weighted (canary) target draw, for reproducible splits")
+    p.add_argument("--router-config", dest="router_config_path", default="", metavar="FILE",
+                   help="Kthena routerConfiguration YAML (scheduler plugins; read at start). "
+                        "Without it: round-robin among healthy endpoints")
+    p.add_argument("--scrape-interval-s", type=float, default=d.scrape_interval_s,
+                   help="engine /metrics + /v1/models scrape period (with --router-config)")
+    p.add_argument("--hot-spot-abs", type=float, default=d.hot_spot_abs,
+                   help="hot-spot guard: absolute load excess (requests) before load beats affinity")
+    p.add_argument("--hot-spot-rel", type=float, default=d.hot_spot_rel,
+                   help="hot-spot guard: relative load excess (times) before load beats affinity")
     p.add_argument("--eject-base-s", type=float, default=d.eject_base_s,
                    help="first passive-ejection backoff of a failing endpoint (doubles, capped)")
     p.add_argument("--eject-max-s", type=float, default=d.eject_max_s,
@@ -72,9 +81,38 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         route_seed=args.route_seed,
         eject_base_s=args.eject_base_s,
         eject_max_s=args.eject_max_s,
+        router_config_path=args.router_config_path,
+        scrape_interval_s=args.scrape_interval_s,
+        hot_spot_abs=args.hot_spot_abs,
+        hot_spot_rel=args.hot_spot_rel,
     ).resolved()
     settings.validate()
     return settings
+
+
+def _check_router_config(path: str) -> int:
+    """Load the routerConfiguration and build its scorer once, as the workers will."""
+    from kthena_router._core import Scorer
+    from kthena_router.config.errors import ConfigError
+    from kthena_router.scheduling.config import load_router_configuration_file
+
+    try:
+        rc = load_router_configuration_file(path)
+        sc = rc.scheduler
+        Scorer(list(sc.filters), [(s.name, float(s.weight)) for s in sc.scores], sc.scorer_args())
+    except ConfigError as exc:
+        print(f"kthena-router: invalid router configuration:\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as exc:
+        print(f"kthena-router: invalid router configuration {path}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        print(f"kthena-router: cannot read router configuration {path}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    for warning in rc.warnings:
+        logging.getLogger("kthena_router.scheduling").warning("%s", warning)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     for warning in config.warnings:
         logging.getLogger("kthena_router.config").warning("%s", warning)
+    if settings.router_config_path:
+        code = _check_router_config(settings.router_config_path)
+        if code:
+            return code
 
     from kthena_router import supervisor
 

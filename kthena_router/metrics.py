@@ -20,6 +20,10 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Kthena's buckets for kthena_router_request_duration_seconds.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Scheduling: one Rust call is ~2-20 us; the lower buckets resolve it, the upper ones catch
+# long-prompt hashing.
+PLUGIN_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2)
+MATCH_RATIO_BUCKETS = (0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)  # Kthena's
 TPOT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
@@ -83,6 +87,27 @@ class RouterMetrics:
         self.endpoint_healthy = Gauge(
             "kthena_router_endpoint_healthy", "1 if the endpoint is a candidate (not ejected)",
             ["model_server", "endpoint"], multiprocess_mode="livemin", registry=reg)
+        # --- scheduling (step 2); names and labels as Kthena's where it has them
+        self.plugin_duration = Histogram(
+            "kthena_router_scheduler_plugin_duration_seconds",
+            "Scheduling time per request: plugin=prefix-cache type=match (render + hash + index "
+            "lookup), plugin=pipeline type=schedule (every filter/score plugin in one Rust call)",
+            ["model", "plugin", "type"], buckets=PLUGIN_BUCKETS, registry=reg)
+        self.prefix_match_ratio = Histogram(
+            "kthena_router_prefix_cache_match_ratio",
+            "Fraction of the prompt's blocks the best-matching candidate endpoint held (0 = miss)",
+            ["model"], buckets=MATCH_RATIO_BUCKETS, registry=reg)
+        self.decisions = Counter(
+            "kthena_router_scheduler_decisions_total", "Requests whose first choice was this endpoint",
+            ["model_server", "endpoint"], registry=reg)
+        self.kv_fallback = Counter(
+            "kthena_router_kvcache_aware_fallback_total",
+            "kvcache-aware decisions made with approximate prefix matching (no exact KV events)",
+            ["model", "reason"], registry=reg)
+        self.metrics_stale = Gauge(
+            "kthena_router_endpoint_metrics_stale",
+            "1 if the endpoint's last metrics scrape failed or is too old (its load counts as unknown)",
+            ["endpoint"], multiprocess_mode="livemax", registry=reg)
         self._children: dict[tuple[Any, ...], Any] = {}
 
     # --- cached children --------------------------------------------------------------
@@ -130,3 +155,18 @@ class RouterMetrics:
 
     def set_endpoint_healthy(self, server: str, endpoint: str, healthy: bool) -> None:
         self._child(self.endpoint_healthy, (server, endpoint)).set(1 if healthy else 0)
+
+    def observe_plugin(self, model: str, plugin: str, kind: str, seconds: float) -> None:
+        self._child(self.plugin_duration, (model, plugin, kind)).observe(seconds)
+
+    def observe_prefix_ratio(self, model: str, ratio: float) -> None:
+        self._child(self.prefix_match_ratio, (model,)).observe(ratio)
+
+    def decision(self, server: str, endpoint: str) -> None:
+        self._child(self.decisions, (server, endpoint)).inc()
+
+    def kv_fallback_used(self, model: str, reason: str) -> None:
+        self._child(self.kv_fallback, (model, reason)).inc()
+
+    def set_metrics_stale(self, endpoint: str, stale: bool) -> None:
+        self._child(self.metrics_stale, (endpoint,)).set(1 if stale else 0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Hashable, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 
 class HasHealth(Protocol):
@@ -24,11 +24,32 @@ class _Healthy(Protocol):
 T = TypeVar("T", bound=HasHealth)
 
 
+class Balancer(Protocol):
+    """What the proxy calls: RoundRobinBalancer, or scheduling.scheduler.Scheduler.
+    `info` is a scheduling.request.RequestInfo, built only if `needs_request_info`."""
+
+    needs_request_info: bool
+
+    def candidates(self, key: Any, endpoints: Any, info: Any = None) -> list[Any]: ...
+
+    def dispatched(self, ep: Any, info: Any) -> None: ...
+
+    def finished(self, ep: Any, ttft_s: float | None = None, tpot_s: float | None = None) -> None: ...
+
+
 class RoundRobinBalancer:
+    needs_request_info = False
+
     def __init__(self) -> None:
         self._counters: dict[Hashable, itertools.count[int]] = {}
 
-    def candidates(self, key: Hashable, endpoints: Sequence[T]) -> list[T]:
+    def dispatched(self, ep: Any, info: Any) -> None:
+        pass
+
+    def finished(self, ep: Any, ttft_s: float | None = None, tpot_s: float | None = None) -> None:
+        pass
+
+    def candidates(self, key: Hashable, endpoints: Sequence[T], info: Any = None) -> list[T]:
         """Healthy endpoints, rotated by one position per call for this key."""
         healthy = [ep for ep in endpoints if ep.health.healthy]
         n = len(healthy)

@@ -51,7 +51,8 @@ class EngineStateScraper:
                  jitter: float = 0.1, stale_after: int = STALE_AFTER_INTERVALS,
                  scrape_models: bool = True, observed: ObservedLoad | None = None,
                  rng: random.Random | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_update: Callable[[EndpointSnapshot], None] | None = None) -> None:
         if interval_s <= 0 or max_concurrency < 1:
             raise ValueError("interval_s must be > 0 and max_concurrency >= 1")
         self.session = session
@@ -64,6 +65,7 @@ class EngineStateScraper:
         self.observed = observed
         self._rng = rng or random.Random()
         self._clock = clock
+        self.on_update = on_update  # called with every new snapshot (good or failed scrape)
         self._sem = asyncio.Semaphore(max_concurrency)
         self._targets: dict[str, ScrapeTarget] = {}
         self._trackers: dict[str, SnapshotTracker] = {}
@@ -199,7 +201,7 @@ class EngineStateScraper:
         prev = tracker.snapshot
         now = self._clock()
         if error is None and parsed is not None:
-            tracker.on_success(parsed, models, now, mark)
+            snap = tracker.on_success(parsed, models, now, mark)
             if prev is not None and prev.consecutive_failures > 0:
                 log.info("engine %s: metrics scrape recovered after %d failures", target.key,
                          prev.consecutive_failures)
@@ -210,6 +212,11 @@ class EngineStateScraper:
             else:
                 log.debug("engine %s: scrape failed again (%d): %s", target.key,
                           snap.consecutive_failures, error)
+        if self.on_update is not None:
+            try:
+                self.on_update(snap)
+            except Exception:  # a consumer bug must not stop this endpoint's scraping
+                log.exception("engine %s: snapshot consumer failed", target.key)
 
     async def _get(self, url: str, accept: str) -> str:
         async with self.session.get(url, headers={"Accept": accept}, allow_redirects=False) as resp:

@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from kthena_router.endpoints.balancer import RoundRobinBalancer
+from kthena_router.endpoints.balancer import Balancer
 from kthena_router.endpoints.health import Failure, HealthProber
 from kthena_router.endpoints.registry import EndpointState
 from kthena_router.errors import RequestError, send_error, sse_error_event
@@ -35,6 +35,7 @@ from kthena_router.proxy.body import ClientDisconnected, content_length, needs_u
 from kthena_router.proxy.sse import InvalidStream, SseRelay
 from kthena_router.proxy.upstream import UpstreamPool
 from kthena_router.routing.table import RouteMatch, RouteNotFound
+from kthena_router.scheduling.request import RequestInfo
 from kthena_router.settings import RouterSettings
 from kthena_router.state import StateHolder
 
@@ -110,7 +111,7 @@ class Forwarder:
     """The hot path: an ASGI callable for every proxied /v1/* request."""
 
     def __init__(self, settings: RouterSettings, holder: StateHolder, pool: UpstreamPool,
-                 balancer: RoundRobinBalancer, metrics: RouterMetrics, prober: HealthProber) -> None:
+                 balancer: Balancer, metrics: RouterMetrics, prober: HealthProber) -> None:
         self.settings = settings
         self.holder = holder
         self.pool = pool
@@ -148,7 +149,7 @@ class _Request:
 
     __slots__ = ("fw", "scope", "t0", "path", "request_id", "fwd_headers", "header_map", "model_label",
                  "route_label", "server_label", "endpoint_label", "status", "error_type", "committed",
-                 "response_headers", "watch")
+                 "response_headers", "watch", "att_t0", "att_ttft", "att_tpot")
 
     def __init__(self, fw: Forwarder, scope: Scope, t0: float) -> None:
         self.fw = fw
@@ -167,6 +168,10 @@ class _Request:
         self.committed = False
         self.response_headers: list[tuple[bytes, bytes]] = []
         self.watch: _Disconnect | None = None
+        # the current attempt's start and what it measured (fed back to the scheduler)
+        self.att_t0 = 0.0
+        self.att_ttft: float | None = None
+        self.att_tpot: float | None = None
 
     # --- entry ----------------------------------------------------------------------
 
@@ -257,7 +262,11 @@ class _Request:
         self.server_label = f"{server.namespace}/{server.name}"
         inject = needs_usage_injection(body)
         payload = rewrite(body, None if match.is_lora else match.upstream_model, inject)
-        candidates = fw.balancer.candidates(server.key, targets)
+        info = None
+        if fw.balancer.needs_request_info:
+            info = RequestInfo(self.request_id, self.path, body.obj, server.model or match.upstream_model,
+                               body.model if match.is_lora else "", body.model)
+        candidates = fw.balancer.candidates(server.key, targets, info)
         if not candidates:
             fw.prober.probe_soon(targets)
             raise RequestError(503, f"no healthy endpoint for model `{body.model}`")
@@ -282,7 +291,7 @@ class _Request:
                 if server.retry_interval_s > 0:
                     await asyncio.sleep(server.retry_interval_s)
             self.endpoint_label = ep.key
-            last = await self._attempt(send, ep, payload, headers, timeout, body, inject)
+            last = await self._attempt(send, ep, payload, headers, timeout, body, inject, info)
             if last is None:
                 return
             fw.metrics.upstream_error(self.server_label, ep.key, last.failure.value)
@@ -296,12 +305,16 @@ class _Request:
         raise RequestError(502, f"upstream request failed ({last.detail}; {n} attempt(s))", code=502)
 
     async def _attempt(self, send: Send, ep: EndpointState, payload: bytes, headers: list[tuple[str, str]],
-                       timeout: aiohttp.ClientTimeout, body: Any, inject: bool) -> _Attempt | None:
+                       timeout: aiohttp.ClientTimeout, body: Any, inject: bool,
+                       info: RequestInfo | None) -> _Attempt | None:
         """One upstream attempt; None when the response went to the client."""
         fw = self.fw
         gauge = fw.metrics.upstream(self.route_label, self.server_label, ep.key)
         gauge.inc()
         resp: aiohttp.ClientResponse | None = None
+        self.att_t0 = time.perf_counter()
+        self.att_ttft = self.att_tpot = None
+        fw.balancer.dispatched(ep, info)
         try:
             req_headers = headers
             if ep.server_hostname is not None:
@@ -332,6 +345,7 @@ class _Request:
             return await self._relay_buffered(send, ep, resp, body)
         finally:
             gauge.dec()
+            fw.balancer.finished(ep, self.att_ttft, self.att_tpot)
             if resp is not None:
                 # A fully read response has already gone back to the pool (close is a
                 # no-op then); otherwise this drops the connection and the engine aborts.
@@ -406,6 +420,7 @@ class _Request:
         self.status = 200
         await send({"type": "http.response.start", "status": 200, "headers": self._start_headers(resp, None)})
         t_first = time.perf_counter()
+        self.att_ttft = t_first - self.att_t0
         if relay.saw_done:
             self._last_send()
         await send({"type": "http.response.body", "body": first, "more_body": True})
@@ -453,7 +468,8 @@ class _Request:
             completion = _int(usage.get("completion_tokens"))
             metrics.observe_tokens(self.model_label, path, _int(usage.get("prompt_tokens")), completion)
             if completion is not None and completion > 1 and failure is None:
-                metrics.observe_tpot(self.model_label, path, (t_last - t_first) / (completion - 1))
+                self.att_tpot = (t_last - t_first) / (completion - 1)
+                metrics.observe_tpot(self.model_label, path, self.att_tpot)
         return None
 
 

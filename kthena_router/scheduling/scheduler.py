@@ -220,7 +220,7 @@ class Scheduler:
         if self.kv_aware:
             exact = self.kv_matcher.match(info, matches, total) if self.kv_matcher is not None else None
             if exact is None:
-                self.metrics.kv_fallback(info.model_label, self._kv_fallback_reason)
+                self.metrics.kv_fallback_used(info.model_label, self._kv_fallback_reason)
             else:
                 matches, total = exact
         return matches, total
@@ -264,6 +264,9 @@ class Scheduler:
         ep_id = self._ids.get(snap.key)
         if ep_id is None:
             return
+        prev = self._snapshots.get(snap.key)
+        if prev is None or prev.stale != snap.stale:
+            self.metrics.set_metrics_stale(snap.key, snap.stale)
         self._snapshots[snap.key] = snap
         for scorer in self._scorers_of.get(snap.key, ()):
             self._push(scorer, ep_id, snap)

@@ -16,7 +16,7 @@ import random
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -66,16 +66,19 @@ def engine_cached_blocks(eng: Engine, prompt: list[int], lora: str | None) -> in
     return len(eng.kv.lookup(hashes))
 
 
-@pytest.fixture
-async def engine():
+@contextlib.asynccontextmanager
+async def engine_with_publisher() -> AsyncIterator[tuple[Engine, KvEventPublisher]]:
+    # not a fixture: the engine's tasks must live on the test's own event loop
     eng = Engine(EngineConfig(num_gpu_blocks=96, block_size=BS, max_num_seqs=16,
                               max_num_batched_tokens=512), RealClock(0.02))
     pub = KvEventPublisher(eng.kv, host="127.0.0.1")
     await pub.start()
     await eng.start()
-    yield eng, pub
-    await eng.stop()
-    await pub.close()
+    try:
+        yield eng, pub
+    finally:
+        await eng.stop()
+        await pub.close()
 
 
 async def subscribe(pub: KvEventPublisher, table: OwnershipTable) -> tuple[EndpointSubscriber, asyncio.Task]:
@@ -93,8 +96,12 @@ async def stop(task: asyncio.Task) -> None:
 
 
 @pytest.mark.parametrize("late_join", [False, True], ids=["live", "late-join-replay"])
-async def test_table_equals_engine_cache(engine, late_join):
-    eng, pub = engine
+async def test_table_equals_engine_cache(late_join):
+    async with engine_with_publisher() as (eng, pub):
+        await check_table_equals_engine_cache(eng, pub, late_join)
+
+
+async def check_table_equals_engine_cache(eng: Engine, pub: KvEventPublisher, late_join: bool) -> None:
     table = OwnershipTable()
     reqs = workload(7, 80)
     if late_join:  # the engine works before the router subscribes: history comes by replay
@@ -122,8 +129,12 @@ async def test_table_equals_engine_cache(engine, late_join):
     await stop(task)
 
 
-async def test_reset_prefix_cache_clears_table(engine):
-    eng, pub = engine
+async def test_reset_prefix_cache_clears_table():
+    async with engine_with_publisher() as (eng, pub):
+        await check_reset_clears(eng, pub)
+
+
+async def check_reset_clears(eng: Engine, pub: KvEventPublisher) -> None:
     table = OwnershipTable()
     sub, task = await subscribe(pub, table)
     await run_requests(eng, workload(3, 10), "r")

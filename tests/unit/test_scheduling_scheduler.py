@@ -1,0 +1,167 @@
+"""The scheduler glue (Python side of the pipeline): ids, index ownership at dispatch,
+snapshots -> Rust scorer, LoRA interning, health, purging, kvcache-aware hook/fallback."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from prometheus_client import CollectorRegistry
+
+from kthena_router.endpoints.health import EndpointHealth
+from kthena_router.endpoints.registry import EndpointState
+from kthena_router.engine_state.snapshot import EndpointSnapshot
+from kthena_router.metrics import RouterMetrics
+from kthena_router.scheduling.config import load_router_configuration_bytes
+from kthena_router.scheduling.request import RequestInfo
+from kthena_router.scheduling.scheduler import Scheduler
+
+KEY = ("default", "demo")
+SYSTEM = "You are a helpful assistant. " * 40
+
+
+def sched(yaml_text: str) -> tuple[Scheduler, RouterMetrics]:
+    cfg = load_router_configuration_bytes(yaml_text.encode(), source="t.yaml").scheduler
+    m = RouterMetrics(CollectorRegistry())
+    return Scheduler(cfg, m), m
+
+
+def cfg(*scores: str, filters: str = "") -> str:
+    f = f"    Filter: {{enabled: [{filters}]}}\n" if filters else ""
+    body = "".join(f"      - {{name: {s}, weight: 1}}\n" for s in scores)
+    return f"scheduler:\n  plugins:\n{f}    Score:\n      enabled:\n{body}"
+
+
+def endpoints(n: int) -> tuple[EndpointState, ...]:
+    return tuple(EndpointState(f"127.0.0.1:{9000 + i}", "127.0.0.1", 9000 + i, "127.0.0.1", "http", None,
+                               EndpointHealth(), {}, "default/demo") for i in range(n))
+
+
+def snap(ep: EndpointState, running: int = 0, waiting: int = 0, *, stale: bool = False,
+         loras: tuple[str, ...] | None = None, max_lora: int | None = None,
+         blocks: int | None = None) -> EndpointSnapshot:
+    return EndpointSnapshot(ep.key, "vllm", 1.0, 1.0, stale, 1 if stale else 0, None, last_running=running,
+                            last_waiting=waiting, last_kv_usage=0.1, last_loaded_loras=loras,
+                            last_max_lora=max_lora, num_gpu_blocks=blocks, block_size=16 if blocks else None)
+
+
+def chat(rid: str, question: str, model: str = "demo", lora: str = "") -> RequestInfo:
+    body = {"model": lora or model, "messages": [{"role": "system", "content": SYSTEM},
+                                                 {"role": "user", "content": question}]}
+    return RequestInfo(rid, "/v1/chat/completions", body, model, lora, lora or model)
+
+
+def fresh(s: Scheduler, eps: tuple[EndpointState, ...]) -> None:
+    s.sync({KEY: eps})
+    for ep in eps:
+        s.on_snapshot(snap(ep))
+
+
+def test_ownership_is_recorded_at_dispatch_not_at_completion():
+    s, m = sched(cfg("prefix-cache", "least-request"))
+    eps = endpoints(3)
+    s.sync({KEY: eps})
+    for ep in eps:  # busy engines: one more request is a small relative difference
+        s.on_snapshot(snap(ep, running=10))
+    info = chat("r1", "q1")
+    first = s.candidates(KEY, eps, info)[0]
+    s.dispatched(first, info)  # r1 still running: a request sharing its system prompt follows
+    for i in range(10):
+        assert s.candidates(KEY, eps, chat(f"r2-{i}", "another question"))[0] is first
+    ratios = [x for x in m.prefix_match_ratio.collect()[0].samples if x.name.endswith("_sum")]
+    assert ratios and ratios[0].value > 5  # 10 near-full matches after one miss
+
+
+def test_misses_spread_by_request_id_not_prompt():
+    s, _ = sched(cfg("prefix-cache", "least-request"))
+    eps = endpoints(4)
+    fresh(s, eps)
+    firsts = Counter(s.candidates(KEY, eps, chat(f"req-{i}", "same question"))[0].key for i in range(200))
+    assert len(firsts) == 4 and min(firsts.values()) > 20, firsts
+
+
+def test_candidates_are_an_ordering_of_the_healthy_endpoints():
+    s, m = sched(cfg("least-request"))
+    eps = endpoints(3)
+    fresh(s, eps)
+    eps[1].health.healthy = False
+    out = s.candidates(KEY, eps, chat("r", "q"))
+    assert sorted(e.key for e in out) == sorted([eps[0].key, eps[2].key])
+    decisions = {smp.labels["endpoint"]: smp.value for smp in m.decisions.collect()[0].samples
+                 if smp.name.endswith("_total")}
+    assert decisions == {out[0].key: 1.0}
+
+
+def test_stale_endpoint_is_not_idle_and_in_flight_reacts_at_once():
+    s, _ = sched(cfg("least-request"))
+    eps = endpoints(2)
+    s.sync({KEY: eps})
+    s.on_snapshot(snap(eps[0], running=8))
+    s.on_snapshot(snap(eps[1], running=0))
+    assert s.candidates(KEY, eps, chat("a", "q"))[0] is eps[1]
+    s.on_snapshot(snap(eps[1], stale=True))  # its scrape failed: unknown, not zero
+    assert s.candidates(KEY, eps, chat("b", "q"))[0] is eps[0]
+    s.on_snapshot(snap(eps[1], running=0))
+    for i in range(10):  # our own dispatches count before the next scrape
+        s.dispatched(eps[1], None)
+    assert s.candidates(KEY, eps, chat("c", "q"))[0] is eps[0]
+    for i in range(10):
+        s.finished(eps[1], ttft_s=0.01, tpot_s=0.001)
+    assert s.candidates(KEY, eps, chat("d", "q"))[0] is eps[1]
+
+
+def test_lora_requests_go_to_endpoints_with_the_adapter():
+    s, _ = sched(cfg("least-request", "lora-affinity", filters="lora-affinity"))
+    eps = endpoints(3)
+    s.sync({KEY: eps})
+    s.on_snapshot(snap(eps[0], loras=(), max_lora=1))
+    s.on_snapshot(snap(eps[1], loras=("ad",), max_lora=1))
+    s.on_snapshot(snap(eps[2], loras=("other",), max_lora=1))
+    for i in range(20):
+        assert s.candidates(KEY, eps, chat(f"r{i}", "q", lora="ad"))[0] is eps[1]
+    # an adapter nobody has: only endpoints with room to load it
+    assert {s.candidates(KEY, eps, chat(f"x{i}", "q", lora="new"))[0].key for i in range(20)} == {eps[0].key}
+
+
+def test_removed_endpoints_are_purged_and_capacity_follows_kv():
+    s, _ = sched(cfg("prefix-cache"))
+    eps = endpoints(3)
+    fresh(s, eps)
+    s.on_snapshot(snap(eps[0], blocks=4))  # 64 tokens * 4 B / 64 B per block = 4 entries
+    for i in range(6):
+        info = chat(f"r{i}", f"question {i}")
+        s.candidates(KEY, eps, info)
+        s.dispatched(eps[0], info)
+        s.dispatched(eps[2], info)
+    id0, id2 = s.endpoint_id(eps[0].key), s.endpoint_id(eps[2].key)
+    assert id0 is not None and id2 is not None
+    assert s.index.endpoint_len(id0) == 4 and s.index.endpoint_len(id2) > 4
+    s.sync({KEY: eps[:2]})
+    assert s.endpoint_id(eps[2].key) is None and id2 not in s.index.endpoints()
+    assert s.candidates(KEY, eps[:2], chat("z", "q")) and len(s.candidates(KEY, eps[:2], chat("y", "q"))) == 2
+
+
+def test_kvcache_aware_without_events_falls_back_and_says_so():
+    s, m = sched(cfg("kvcache-aware", "least-request"))
+    eps = endpoints(2)
+    fresh(s, eps)
+    info = chat("r1", "q")
+    s.candidates(KEY, eps, info)
+    assert info.hashes is not None and len(info.hashes) > 0
+    fb = [x for x in m.kv_fallback.collect()[0].samples if x.name.endswith("_total")]
+    assert fb and fb[0].value == 1
+
+    class Exact:
+        def match(self, info, approx, total):
+            return [(s.endpoint_id(eps[1].key), 10)], 10
+
+    s.set_kv_matcher(Exact())
+    assert all(s.candidates(KEY, eps, chat(f"k{i}", "q"))[0] is eps[1] for i in range(10))
+
+
+def test_round_robin_plugin_and_no_prompt_paths():
+    s, _ = sched(cfg("round-robin"))
+    eps = endpoints(3)
+    fresh(s, eps)
+    emb = RequestInfo("e", "/v1/embeddings", {"model": "demo", "input": "x"}, "demo", "", "demo")
+    firsts = [s.candidates(KEY, eps, emb)[0].key for _ in range(6)]
+    assert len(set(firsts)) == 3
