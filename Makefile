@@ -39,7 +39,7 @@ pytest: build
 test: build cargo-test pytest
 
 bench: build
-	$(VPY) -m pytest -q tests/bench --benchmark-only $(PYTEST_ARGS)
+	$(VPY) -m pytest -q tests/bench --benchmark-enable --benchmark-only $(PYTEST_ARGS)
 
 bench-overhead: build
 	$(VPY) -m loadtest.bench_overhead
