@@ -56,6 +56,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calibration", default=None, help="calibration JSON (default: shipped)")
     p.add_argument("--faults", default=None,
                    help='JSON: {"0": {...}} per engine index, {"*": {...}} for all')
+    p.add_argument("--kv-events-port-base", type=int, default=None,
+                   help="publish vLLM KV events (ZMQ): engine i, DP rank r on base+2*(i*dp+r); "
+                        "replay on that port +1 (physics engines only)")
+    p.add_argument("--kv-events-hash-seed", default="0", help="vLLM's PYTHONHASHSEED for block hashes")
+    p.add_argument("--kv-events-encoding", choices=("map", "array"), default="map",
+                   help="event encoding: tagged maps (current vLLM) or tagged arrays (older vLLM)")
     p.add_argument("--log-level", default="warning")
     a = p.parse_args(argv)
     if a.engines < 1 or a.dp_ranks < 1:
@@ -108,12 +114,15 @@ async def run(a: argparse.Namespace) -> None:
                            max_num_batched_tokens=a.max_num_batched_tokens, seed=a.seed,
                            fast=a.fast)
         servers.append(EngineServer(cfg, make_engines(a, i, codec), codec, a.fault_list[i]))
-    admin = web.AppRunner(make_admin_app(servers), access_log=None)
+    publishers: list[list[Any]] = [[] for _ in servers]
+    admin = web.AppRunner(make_admin_app(servers, publishers), access_log=None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
+        if a.kv_events_port_base is not None and not a.fast:
+            await start_publishers(a, servers, publishers)  # before any request: caches empty
         for s in servers:
             await s.start()
             if s.faults.refuse_connections:
@@ -122,13 +131,33 @@ async def run(a: argparse.Namespace) -> None:
         site = web.TCPSite(admin, a.host, a.admin_port, reuse_address=True)
         await site.start()
         admin_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        print(orjson.dumps({"ready": True, "ports": [s.cfg.port for s in servers],
-                            "admin_port": admin_port}).decode(), flush=True)
+        ready: dict[str, Any] = {"ready": True, "ports": [s.cfg.port for s in servers],
+                                 "admin_port": admin_port}
+        if a.kv_events_port_base is not None:
+            ready["kv_events"] = [[[p.pub_address, p.replay_address] for p in ps] for ps in publishers]
+        print(orjson.dumps(ready).decode(), flush=True)
         await stop.wait()
     finally:
         await admin.cleanup()
         for s in servers:
             await s.stop()
+        for ps in publishers:
+            for pub in ps:
+                await pub.close()
+
+
+async def start_publishers(a: argparse.Namespace, servers: list[EngineServer],
+                           publishers: list[list[Any]]) -> None:
+    from .kv_events import KvEventPublisher, VllmBlockHasher, kv_events_ports
+
+    hasher = VllmBlockHasher("sha256_cbor", a.kv_events_hash_seed)
+    for i, s in enumerate(servers):
+        for r, eng in enumerate(s.engines):
+            pub_port, replay_port = kv_events_ports(a.kv_events_port_base, i, r, a.dp_ranks)
+            pub = KvEventPublisher(eng.kv, host=a.host, port=pub_port, replay_port=replay_port,
+                                   hasher=hasher, encoding=a.kv_events_encoding, data_parallel_rank=r)
+            await pub.start()
+            publishers[i].append(pub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,8 @@ from .http_errors import error_response, json_response
 from .server import EngineServer
 
 
-def make_admin_app(servers: list[EngineServer]) -> web.Application:
+def make_admin_app(servers: list[EngineServer], publishers: list[list[Any]] | None = None) -> web.Application:
+    """publishers[i]: engine i's KV-event publishers (one per DP rank), when events are on."""
     app = web.Application()
 
     def targets(request: web.Request) -> list[EngineServer]:
@@ -68,6 +69,16 @@ def make_admin_app(servers: list[EngineServer]) -> web.Application:
     async def state(request: web.Request) -> web.Response:
         return answer(request, [s.state() for s in targets(request)])
 
+    async def cache(request: web.Request) -> web.Response:
+        """The engines' true cache content as KV-event block hashes (one entry per DP rank)."""
+        out = []
+        for s in targets(request):
+            pubs = (publishers or [])[s.cfg.index] if publishers else []
+            if not pubs:
+                return error_response(404, "KV events are off (start with --kv-events-port-base)")
+            out.append([p.cache_content() for p in pubs])
+        return answer(request, out)
+
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -79,6 +90,7 @@ def make_admin_app(servers: list[EngineServer]) -> web.Application:
         ("GET", "/admin/engines/{i}/requests", get_requests),
         ("POST", "/admin/engines/{i}/requests/reset", reset_requests),
         ("GET", "/admin/engines/{i}/state", state),
+        ("GET", "/admin/engines/{i}/cache", cache),
         ("GET", "/admin/health", health),
     ]
     for method, path, handler in routes:
