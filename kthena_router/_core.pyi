@@ -1,5 +1,7 @@
 """Typed stub of the Rust extension (rust/py). Only bytes and ints cross the boundary."""
 
+from typing import Any
+
 __version__: str
 
 def splice_top_level(body: bytes, replacements: list[tuple[bytes, bytes]]) -> bytes:
@@ -141,14 +143,19 @@ class Scorer:
 # --- KV-event ownership ---------------------------------------------------------------
 
 def token_block_hashes(
-    tokens: bytes | list[int], block_size: int, root: int, max_blocks: int, scheme: str = "xxh3"
+    tokens: bytes | list[int] | Any, block_size: int, root: int, max_blocks: int, scheme: str = "xxh3",
+    *, lora: str | None = None, hash_seed: str = "0",
 ) -> list[int]:
-    """Chain hashes of the first min(len // block_size, max_blocks) full token blocks:
-    h_i = block_hash(h_{i-1}, block_i), h_{-1} = root (the engine's value for the model /
-    adapter). `tokens`: ints or a little-endian u32 array. Schemes: "xxh3" =
-    xxh3_64(le64(parent) || le32 tokens..., seed 0); "cpython-tuple" = the simulator's
-    hash((parent, tuple(tokens))) & (2**64 - 1). ValueError for block_size 0 or an unknown
-    scheme. GIL released above 8k tokens."""
+    """Chain hashes (64-bit event form) of the first min(len // block_size, max_blocks) full
+    token blocks. `tokens`: ints, a native u32 buffer (`array('I')`) or little-endian u32
+    bytes. Schemes (published algorithms only):
+    "vllm-sha256-cbor" = vLLM's hash_block_tokens with sha256 over canonical CBOR of
+    (parent digest or NONE_HASH, tuple(tokens), (lora,) or None), NONE_HASH =
+    sha256(cbor(hash_seed)) (the engines' PYTHONHASHSEED); the hash is the digest's last 8
+    bytes big-endian (reference: kthena_router/kv_events/hashing.py); `root` is unused.
+    "xxh3" = xxh3_64(le64(parent) || le32 tokens..., seed 0) chained from `root`; `lora`
+    is unused (fold it into root). ValueError for block_size 0 or an unknown scheme. GIL
+    released above 8k tokens."""
 
 def block_hash_key(block_hash: bytes) -> int:
     """Table key of a block hash sent as bytes (vLLM's default 32-byte digest): the last
@@ -166,7 +173,8 @@ class KvOwnership:
     `down_endpoints()`, so the caller falls back to PrefixIndex for it.
     """
 
-    def __init__(self, default_capacity: int, hash_scheme: str = "xxh3") -> None: ...
+    def __init__(self, default_capacity: int, hash_scheme: str = "xxh3", hash_seed: str = "0") -> None:
+        """`hash_scheme`/`hash_seed`: as token_block_hashes (for match_tokens)."""
     def apply(self, endpoint: int, batch: bytes) -> int:
         """Apply a batch in the flat encoding: little-endian u64 words `tag, n, hash * n`
         per event; tag 1 BlockStored (chain order), 2 BlockRemoved, 3 AllBlocksCleared
@@ -181,9 +189,12 @@ class KvOwnership:
         """[(endpoint, matched leading blocks)] for stream-up endpoints matching >= 1 block;
         order unspecified."""
     def match_tokens(
-        self, tokens: bytes | list[int], block_size: int, root: int, max_blocks: int
+        self, tokens: bytes | list[int] | Any, block_size: int, root: int = 0, max_blocks: int = ...,
+        lora: str | None = None,
     ) -> tuple[int, list[tuple[int, int]]]:
-        """Hash the tokens with the table's scheme and match: (blocks hashed, matches)."""
+        """Hash the tokens with the table's scheme and match, in one call: (blocks hashed,
+        [(endpoint, matched leading blocks)] over stream-up endpoints). Above 8k tokens the
+        hashing runs without the GIL (and without holding the table)."""
     def remove_endpoint(self, endpoint: int) -> int:
         """Purge an endpoint that disappeared; returns the entries removed."""
     def set_stream_down(self, endpoint: int, down: bool, clear: bool = True) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kthena_router import worker_status
@@ -38,7 +38,9 @@ from kthena_router.metrics import RouterMetrics, ensure_multiprocess
 from kthena_router.proxy.forward import Forwarder, Receive, Scope, Send
 from kthena_router.proxy.upstream import UpstreamPool
 from kthena_router.routing.table import RouteTable
-from kthena_router.scheduling.config import load_router_configuration_file
+from kthena_router.kv_events import EventSource
+from kthena_router.scheduling.config import KvCacheAwareArgs, load_router_configuration_file
+from kthena_router.scheduling.kv_matcher import KvAwareMatcher, event_source
 from kthena_router.scheduling.scheduler import Scheduler
 from kthena_router.settings import RouterSettings
 from kthena_router.state import RouterState, StateHolder, build_state
@@ -122,8 +124,10 @@ class ConfigApplier:
                 log.exception("DNS refresh failed")
 
 
-def _scheduler_sync(scheduler: Scheduler, scraper: EngineStateScraper) -> Callable[[RouterState], None]:
-    """After a state swap: reconcile scorers/index, and scrape exactly the live endpoints."""
+def _scheduler_sync(scheduler: Scheduler, scraper: EngineStateScraper,
+                    matcher: KvAwareMatcher | None = None) -> Callable[[RouterState], None]:
+    """After a state swap: reconcile scorers/index, scrape exactly the live endpoints and
+    (kvcache-aware) subscribe to exactly their KV-event streams."""
 
     def on_swap(state: RouterState) -> None:
         scheduler.sync(state.targets)
@@ -133,8 +137,23 @@ def _scheduler_sync(scheduler: Scheduler, scraper: EngineStateScraper) -> Callab
             for ep in eps:
                 live.setdefault(ep.key, (ep.key, ep.base_url, flavour))
         scraper.set_endpoints(live.values())
+        if matcher is not None:
+            matcher.set_endpoints(_kv_sources(state, scheduler, matcher.args))
 
     return on_swap
+
+
+def _kv_sources(state: RouterState, scheduler: Scheduler, args: KvCacheAwareArgs) -> dict[str, tuple[int, EventSource]]:
+    """Endpoint key -> (scheduler id, KV-event source from the endpoint's labels)."""
+    out: dict[str, tuple[int, EventSource]] = {}
+    for key, eps in state.targets.items():
+        labels = {(e.address, e.port): e.labels for e in state.config.endpoints_of(state.config.servers[key])}
+        for ep in eps:
+            ep_id = scheduler.endpoint_id(ep.key)
+            src = event_source(ep.ip, labels.get((ep.host, ep.port), {}), args)
+            if ep_id is not None and src is not None and ep.key not in out:
+                out[ep.key] = (ep_id, src)
+    return out
 
 
 async def _models(request: Request) -> Response:
@@ -158,12 +177,17 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     registry = EndpointRegistry(ejection=EjectionPolicy(settings.eject_base_s, settings.eject_max_s))
     pool = UpstreamPool(settings)
     scheduler: Scheduler | None = None
+    matcher: KvAwareMatcher | None = None
     balancer: Balancer
     if settings.router_config_path:
         # validated by the parent (cli.py); read once per worker, no reload (as Kthena)
         router_cfg = load_router_configuration_file(settings.router_config_path)
         balancer = scheduler = Scheduler(router_cfg.scheduler, metrics, hot_spot_abs=settings.hot_spot_abs,
                                          hot_spot_rel=settings.hot_spot_rel)
+        kv_args = router_cfg.scheduler.args.get("kvcache-aware")
+        if scheduler.kv_aware and isinstance(kv_args, KvCacheAwareArgs):
+            matcher = KvAwareMatcher(kv_args, metrics)
+            scheduler.set_kv_matcher(matcher)
     else:
         balancer = RoundRobinBalancer()
 
@@ -196,7 +220,10 @@ def create_app(settings: RouterSettings | None = None) -> Any:
         scraper: EngineStateScraper | None = None
         if scheduler is not None:
             scraper = EngineStateScraper(pool.session, settings.scrape_interval_s, on_update=scheduler.on_snapshot)
-            applier.on_swap = _scheduler_sync(scheduler, scraper)
+            applier.on_swap = _scheduler_sync(scheduler, scraper, matcher)
+        if matcher is not None:
+            for err in await asyncio.to_thread(matcher.tokenizers.load_all):
+                log.warning("kvcache-aware: %s (prefix-cache matching is used for that model)", err)
         await applier.apply(cfg)
         if scraper is not None:
             tasks.append(loop.create_task(scraper.run()))
@@ -215,6 +242,8 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                 watcher.stop()
             if scraper is not None:
                 scraper.stop()
+            if matcher is not None:
+                await matcher.close()
             for task in tasks:
                 task.cancel()
             await prober.stop()
@@ -226,8 +255,15 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                     await task
             await pool.close()
 
+    async def _kv_ownership(request: Request) -> Response:
+        """This worker's KV-event ownership table (tests, debugging; O(entries))."""
+        if matcher is None:
+            return error_response(404, "kvcache-aware is not enabled")
+        return JSONResponse(matcher.debug_view())
+
     starlette = Starlette(
         routes=[Route("/v1/models", _models, methods=["GET"]),
+                Route("/debug/kv_ownership", _kv_ownership, methods=["GET"]),
                 Route("/{path:path}", _not_found, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"])],
         lifespan=lifespan,
     )

@@ -170,3 +170,15 @@ class RouterMetrics:
 
     def set_metrics_stale(self, endpoint: str, stale: bool) -> None:
         self._child(self.metrics_stale, (endpoint,)).set(1 if stale else 0)
+
+    # --- kvcache-aware event streams (kept last: metrics.py is edited concurrently)
+    def set_kv_stream_up(self, endpoint: str, up: bool) -> None:
+        """kthena_router_kv_events_stream_up{endpoint}: 1 while every live worker's KV-event
+        subscription to the endpoint is up (livemin), created on first use."""
+        gauge = self.__dict__.get("kv_stream_up")
+        if gauge is None:
+            gauge = self.kv_stream_up = Gauge(
+                "kthena_router_kv_events_stream_up",
+                "1 if the router's KV-event subscription to the endpoint is up (kvcache-aware)",
+                ["endpoint"], multiprocess_mode="livemin", registry=self.registry)
+        self._child(gauge, (endpoint,)).set(1 if up else 0)

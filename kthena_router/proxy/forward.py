@@ -21,8 +21,8 @@ import random
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import quote
 
-import aiohttp
 import orjson
 
 from kthena_router.endpoints.balancer import Balancer
@@ -33,7 +33,8 @@ from kthena_router.metrics import RouterMetrics
 from kthena_router.proxy.body import ClientDisconnected, content_length, needs_usage_injection, parse_body, \
     read_body, rewrite
 from kthena_router.proxy.sse import InvalidStream, SseRelay
-from kthena_router.proxy.upstream import UpstreamPool
+from kthena_router.proxy.upstream import H1Conn, Response, UpstreamConnectError, UpstreamError, \
+    UpstreamPool, UpstreamTimeout
 from kthena_router.routing.table import RouteMatch, RouteNotFound
 from kthena_router.scheduling.request import RequestInfo
 from kthena_router.settings import RouterSettings
@@ -65,8 +66,20 @@ _KNOWN_PATHS = frozenset({
 })
 
 
+_KNOWN_TARGETS = {p: p.encode() for p in _KNOWN_PATHS}
+_REQUEST_TAIL = b" HTTP/1.1\r\n"
+
+
 def _path_label(path: str) -> str:
     return path if path in _KNOWN_PATHS else "/v1/other"
+
+
+def _request_line(path: str) -> bytes:
+    """b"POST <target> HTTP/1.1\\r\\n" for the (decoded) ASGI path."""
+    target = _KNOWN_TARGETS.get(path)
+    if target is None:
+        target = quote(path, safe="/:@!$&'()*+,;=-._~%").encode("ascii")
+    return b"POST " + target + _REQUEST_TAIL
 
 
 class _Attempt:
@@ -123,13 +136,6 @@ class Forwarder:
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
-        self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
-
-    def _timeout(self, seconds: float | None) -> aiohttp.ClientTimeout:
-        t = self._timeouts.get(seconds)
-        if t is None:
-            t = self._timeouts[seconds] = self.pool.timeout(seconds)
-        return t
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
@@ -157,7 +163,7 @@ class _Request:
         self.t0 = t0
         self.path: str = scope["path"]
         self.request_id = ""
-        self.fwd_headers: list[tuple[str, str]] = []
+        self.fwd_headers = b""  # forwarded header lines, CRLF-terminated, x-request-id last
         self.header_map: dict[str, str] = {}
         self.model_label = ""
         self.route_label = ""
@@ -238,7 +244,7 @@ class _Request:
             self.watch.finished = True
 
     def _split_headers(self, raw_headers: list[tuple[bytes, bytes]]) -> None:
-        fwd = self.fwd_headers
+        fwd: list[bytes] = []
         hmap = self.header_map
         for k, v in raw_headers:
             name = k.decode("latin-1").lower()
@@ -248,10 +254,11 @@ class _Request:
                 if name == "x-request-id" and value:
                     self.request_id = value
                 continue
-            fwd.append((name, value))
+            fwd.append(name.encode("latin-1") + b": " + v + b"\r\n")
         if not self.request_id:
             self.request_id = os.urandom(16).hex()
-        fwd.append(("x-request-id", self.request_id))
+        fwd.append(b"x-request-id: " + self.request_id.encode("latin-1") + b"\r\n")
+        self.fwd_headers = b"".join(fwd)
 
     # --- forwarding -------------------------------------------------------------------
 
@@ -275,10 +282,12 @@ class _Request:
         else:  # no retry policy: each candidate at most once, up to the default count
             attempts = min(fw.settings.default_retry_endpoints, len(candidates))
         first_byte_s = server.timeout_s if server.timeout_s is not None else fw.settings.default_first_byte_timeout_s
-        timeout = fw._timeout(first_byte_s)
         headers = self.fwd_headers
         if server.upstream_headers:
-            headers = headers + list(server.upstream_headers.items())
+            headers += b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in server.upstream_headers.items())
+        # request line and headers except Host (per endpoint), then the body's length
+        head = _request_line(self.path)
+        tail = headers + b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n"
         last: _Attempt | None = None
         idx = 0
         for attempt in range(attempts):
@@ -291,7 +300,7 @@ class _Request:
                 if server.retry_interval_s > 0:
                     await asyncio.sleep(server.retry_interval_s)
             self.endpoint_label = ep.key
-            last = await self._attempt(send, ep, payload, headers, timeout, body, inject, info)
+            last = await self._attempt(send, ep, head, tail, payload, first_byte_s, body, inject, info)
             if last is None:
                 return
             fw.metrics.upstream_error(self.server_label, ep.key, last.failure.value)
@@ -304,68 +313,66 @@ class _Request:
                                code=504)
         raise RequestError(502, f"upstream request failed ({last.detail}; {n} attempt(s))", code=502)
 
-    async def _attempt(self, send: Send, ep: EndpointState, payload: bytes, headers: list[tuple[str, str]],
-                       timeout: aiohttp.ClientTimeout, body: Any, inject: bool,
+    async def _attempt(self, send: Send, ep: EndpointState, head: bytes, tail: bytes, payload: bytes,
+                       first_byte_s: float | None, body: Any, inject: bool,
                        info: RequestInfo | None) -> _Attempt | None:
         """One upstream attempt; None when the response went to the client."""
         fw = self.fw
         gauge = fw.metrics.upstream(self.route_label, self.server_label, ep.key)
         gauge.inc()
-        resp: aiohttp.ClientResponse | None = None
+        conn: H1Conn | None = None
+        resp: Response | None = None
         self.att_t0 = time.perf_counter()
         self.att_ttft = self.att_tpot = None
         fw.balancer.dispatched(ep, info)
         try:
-            req_headers = headers
-            if ep.server_hostname is not None:
-                req_headers = headers + [("host", f"{ep.host}:{ep.port}")]
+            pool = fw.pool.h1
+            dest = pool.dest(ep.ip, ep.port, ep.ssl, ep.server_hostname, ep.host)
             try:
-                resp = await fw.pool.session.request(
-                    "POST", ep.base_url + self.path, data=payload, headers=req_headers, timeout=timeout,
-                    ssl=ep.ssl if ep.ssl is not None else True, server_hostname=ep.server_hostname,
-                    allow_redirects=False)
-            except aiohttp.ServerTimeoutError:
+                conn = await pool.acquire(dest)
+                conn.timeout_s = first_byte_s
+                conn.send(head + dest.host_line + tail, payload)
+                resp = await conn.read_head()
+            except UpstreamTimeout:
                 return _Attempt(Failure.TIMEOUT, "no response")
-            except asyncio.TimeoutError:
-                return _Attempt(Failure.TIMEOUT, "no response")
-            except aiohttp.ClientConnectorError:
+            except UpstreamConnectError:
                 return _Attempt(Failure.CONNECT, "connection failed")
-            except (aiohttp.ClientError, OSError) as exc:
+            except (UpstreamError, OSError) as exc:
                 return _Attempt(Failure.DIED, f"connection lost before the response ({type(exc).__name__})")
             status = resp.status
             if status >= 500:
                 try:
-                    await resp.read()
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                    await resp.read_all()
+                except (UpstreamError, OSError):
                     pass
                 return _Attempt(Failure.HTTP_5XX, f"upstream HTTP {status}")
-            ctype = resp.headers.get("content-type", "")
-            if status == 200 and body.stream and ctype.startswith("text/event-stream"):
+            if status == 200 and body.stream and resp.content_type.startswith("text/event-stream"):
                 return await self._relay_stream(send, ep, resp, body, inject)
             return await self._relay_buffered(send, ep, resp, body)
         finally:
             gauge.dec()
             fw.balancer.finished(ep, self.att_ttft, self.att_tpot)
+            # A fully read response has already gone back to the pool (close is a no-op
+            # then); otherwise this drops the connection and the engine aborts.
             if resp is not None:
-                # A fully read response has already gone back to the pool (close is a
-                # no-op then); otherwise this drops the connection and the engine aborts.
                 resp.close()
+            elif conn is not None:
+                conn.close()
 
-    def _start_headers(self, resp: aiohttp.ClientResponse, body_len: int | None) -> list[tuple[bytes, bytes]]:
+    def _start_headers(self, resp: Response, body_len: int | None) -> list[tuple[bytes, bytes]]:
         out = [(k, v) for k, v in resp.raw_headers if k.lower() not in _DROP_RESPONSE]
         if body_len is not None:
             out.append((b"content-length", str(body_len).encode()))
         out.extend(self.response_headers)
         return out
 
-    async def _relay_buffered(self, send: Send, ep: EndpointState, resp: aiohttp.ClientResponse,
+    async def _relay_buffered(self, send: Send, ep: EndpointState, resp: Response,
                               body: Any) -> _Attempt | None:
         """Non-streamed answers (and every non-200): read whole, check, pass on unchanged."""
         try:
-            data = await resp.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            kind = Failure.TIMEOUT if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)) \
-                else Failure.DIED
+            data = await resp.read_all()
+        except (UpstreamError, OSError) as exc:
+            kind = Failure.TIMEOUT if isinstance(exc, UpstreamTimeout) else Failure.DIED
             return _Attempt(kind, "response body incomplete")
         status = resp.status
         usage = None
@@ -373,7 +380,7 @@ class _Request:
             try:
                 obj = orjson.loads(data)
             except orjson.JSONDecodeError:
-                ctype = resp.headers.get("content-type", "")
+                ctype = resp.content_type
                 if ctype.startswith("application/json") or self.path in ("/v1/chat/completions", "/v1/completions"):
                     return _Attempt(Failure.INVALID, "invalid JSON from upstream")
                 obj = None
@@ -398,23 +405,22 @@ class _Request:
                                        _int(usage.get("completion_tokens")))
         return None
 
-    async def _relay_stream(self, send: Send, ep: EndpointState, resp: aiohttp.ClientResponse, body: Any,
+    async def _relay_stream(self, send: Send, ep: EndpointState, resp: Response, body: Any,
                             inject: bool) -> _Attempt | None:
         relay = SseRelay(hide_usage=inject)
-        content = resp.content
         # Before the commit: wait for the first complete event; failures here are retried.
         first = b""
         try:
             while not first:
-                chunk = await content.readany()
+                chunk = await resp.read_some()
                 if not chunk:
                     return _Attempt(Failure.DIED, "upstream closed the stream before the first event")
                 first = relay.feed(chunk)
         except InvalidStream as exc:
             return _Attempt(Failure.INVALID, f"invalid stream from upstream: {exc}")
-        except (aiohttp.ServerTimeoutError, asyncio.TimeoutError):
+        except UpstreamTimeout:
             return _Attempt(Failure.TIMEOUT, "no first event")
-        except (aiohttp.ClientError, OSError):
+        except (UpstreamError, OSError):
             return _Attempt(Failure.DIED, "upstream stream broke before the first event")
         self.committed = True
         self.status = 200
@@ -428,7 +434,7 @@ class _Request:
         failure: Failure | None = None
         try:
             while True:
-                chunk = await content.readany()
+                chunk = await resp.read_some()
                 if not chunk:
                     break
                 out = relay.feed(chunk)
@@ -441,9 +447,9 @@ class _Request:
                     t_last = time.perf_counter()
         except InvalidStream:
             failure = Failure.INVALID
-        except (aiohttp.ServerTimeoutError, asyncio.TimeoutError):
+        except UpstreamTimeout:
             failure = Failure.TIMEOUT
-        except (aiohttp.ClientError, OSError):
+        except (UpstreamError, OSError):
             failure = Failure.DIED
         if failure is None and not relay.saw_done:
             failure = Failure.DIED

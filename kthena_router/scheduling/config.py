@@ -96,6 +96,13 @@ class KvCacheAwareArgs:
     tokenizers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     tokenizer_chunk_chars: int = 4096  # prefix-cache granularity of the tokenizer cache
     tokenizer_cache_tokens: int = 2_000_000  # per model and worker; ~9 bytes each (ids + chunk text)
+    # Ours: the engines' PYTHONHASHSEED (vLLM's NONE_HASH); engines must run with
+    # --prefix-caching-hash-algo sha256_cbor and this fixed seed for exact matching.
+    hash_seed: str = "0"
+    # Ours: where an endpoint publishes KV events unless its labels say otherwise
+    # (kthena.io/kv-events-port, kthena.io/kv-events-replay-port); vLLM's defaults.
+    kv_events_port: int = 5557
+    kv_events_replay_port: int = 5558
 
 
 PluginArgs = EmptyArgs | LeastRequestArgs | LeastLatencyArgs | PrefixCacheArgs | KvCacheAwareArgs
@@ -177,6 +184,9 @@ _ARG_SPECS: dict[str, tuple[type, _ArgSpec]] = {
         "tokenizers": ("tokenizers", "paths"),
         "tokenizerChunkChars": ("tokenizer_chunk_chars", "pos_int"),
         "tokenizerCacheTokens": ("tokenizer_cache_tokens", "pos_int"),
+        "hashSeed": ("hash_seed", "str"),
+        "kvEventsPort": ("kv_events_port", "port"),
+        "kvEventsReplayPort": ("kv_events_replay_port", "port"),
     }),
 }
 for _n in ("random", "round-robin", "gpu-usage", "lora-affinity"):
@@ -285,6 +295,11 @@ def _arg_value(c: _Ctx, v: Any, path: str, kind: str) -> tuple[bool, Any]:
             c.err(path, f"must be a finite number between 0 and 1, got {v!r}")
             return False, None
         return True, float(v)
+    if kind == "str":
+        if isinstance(v, bool) or not isinstance(v, (str, int)):
+            c.err(path, f"must be a string, got {_type_name(v)} {v!r}")
+            return False, None
+        return True, str(v)  # YAML may read a numeric seed as an int
     # "paths": model name -> tokenizer.json
     if not isinstance(v, dict):
         c.err(path, f"must be a mapping of model name to tokenizer.json path, got {_type_name(v)}")

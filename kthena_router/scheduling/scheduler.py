@@ -54,7 +54,8 @@ class KvAwareMatcher(Protocol):
     """Hook for the exact `kvcache-aware` plugin (KV events). Returns (matches, total
     blocks) where matches are [(endpoint id, matched blocks)] from the engines' true cache,
     merged with `approx` for endpoints whose event stream is down; None = unavailable
-    (the scheduler then uses `approx`, i.e. prefix-cache behaviour, and counts it)."""
+    (the scheduler then uses `approx`, i.e. prefix-cache behaviour). The matcher counts
+    its fallbacks in kthena_router_kvcache_aware_fallback_total itself (scheduling/kv_matcher.py)."""
 
     def match(self, info: RequestInfo, approx: list[tuple[int, int]] | None,
               approx_total: int) -> tuple[list[tuple[int, int]], int] | None: ...
@@ -218,11 +219,12 @@ class Scheduler:
         info.hashes = hashes
         total = len(hashes)
         if self.kv_aware:
-            exact = self.kv_matcher.match(info, matches, total) if self.kv_matcher is not None else None
-            if exact is None:
+            if self.kv_matcher is None:
                 self.metrics.kv_fallback_used(info.model_label, self._kv_fallback_reason)
-            else:
-                matches, total = exact
+            else:  # the matcher counts its own fallbacks (with their reasons)
+                exact = self.kv_matcher.match(info, matches, total)
+                if exact is not None:
+                    matches, total = exact
         return matches, total
 
     def _seed(self, model: str, lora: str) -> int:

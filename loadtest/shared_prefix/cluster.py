@@ -19,7 +19,9 @@ setup holds. The published regime is kv_factor 0.5: 256 x 4096 prefix tokens nee
 from __future__ import annotations
 
 import json
+import random
 import shutil
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +31,9 @@ from loadtest.bench_overhead import (
     wait_until,
 )
 from loadtest.simulator.engine import EngineConfig, compute_num_gpu_blocks
-from .policies import ROUTER_CONFIG_FLAG, Policy
+from .policies import MODEL, ROUTER_CONFIG_FLAG, Policy
 from .workload import PROFILES, WorkloadSpec
 
-MODEL = "llama-3-8b-sim"
 N_ENGINES = 3
 BLOCK_SIZE = 16
 MAX_NUM_SEQS = 256
@@ -67,8 +68,36 @@ class Cluster:
             p.stop()
 
 
+def free_port_block(n: int, tries: int = 50) -> int:
+    """First port of n consecutive free loopback ports (the simulator's KV-event ports are
+    base + 2*i and +1, so they must be consecutive)."""
+    rng = random.Random()
+    for _ in range(tries):
+        base = rng.randrange(20000, 60000 - n)
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind((HOST, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise StartError(f"no {n} consecutive free ports found in {tries} tries")
+
+
+def kv_event_addresses(base: int) -> list[tuple[str, str]]:
+    """(PUB, replay) ZMQ addresses of each engine (DP 1), as the simulator binds them."""
+    return [(f"tcp://{HOST}:{base + 2 * i}", f"tcp://{HOST}:{base + 2 * i + 1}")
+            for i in range(N_ENGINES)]
+
+
 def start_engines(logdir: Path, procs: list[Proc], num_blocks: int, time_scale: float,
-                  seed: int, timeout_s: float = 30.0) -> tuple[list[int], int]:
+                  seed: int, timeout_s: float = 30.0,
+                  kv_events_base: int | None = None) -> tuple[list[int], int]:
     *ports, admin = free_ports(N_ENGINES + 1)
     cmd = [sys.executable, "-m", "loadtest.simulator", "--engines", str(N_ENGINES),
            "--host", HOST, "--ports", ",".join(map(str, ports)), "--admin-port", str(admin),
@@ -76,6 +105,8 @@ def start_engines(logdir: Path, procs: list[Proc], num_blocks: int, time_scale: 
            "--kv-blocks", str(num_blocks), "--time-scale", repr(time_scale),
            "--max-num-seqs", str(MAX_NUM_SEQS),
            "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--seed", str(seed)]
+    if kv_events_base is not None:
+        cmd += ["--kv-events-port-base", str(kv_events_base)]
     p = Proc("simulator", cmd, logdir)
     procs.append(p)
 
@@ -105,11 +136,29 @@ def unavailable(policy: Policy, sched_yaml: str | None) -> str | None:
     return None
 
 
+def _with_event_labels(config: str, ports: list[int], kv_events_base: int) -> str:
+    """Endpoints labelled with their KV-event ports (how the router finds each engine's
+    event stream in file mode: kthena_router/scheduling/kv_matcher.py)."""
+    for i, port in enumerate(ports):
+        old = f"port: {port}, labels: {{app: bench}}"
+        assert old in config, "bench_overhead.router_config changed its endpoint format"
+        pub = kv_events_base + 2 * i
+        config = config.replace(old, f"port: {port}, labels: {{app: bench, "
+                                     f"kthena.io/kv-events-port: '{pub}', "
+                                     f"kthena.io/kv-events-replay-port: '{pub + 1}'}}")
+    return config
+
+
 def start_router(logdir: Path, procs: list[Proc], ports: list[int], policy: Policy,
-                 sched_yaml: str | None, timeout_s: float = 60.0) -> str:
+                 sched_yaml: str | None, timeout_s: float = 60.0,
+                 kv_events_base: int | None = None) -> tuple[str, str]:
+    """Returns (proxy URL, admin URL)."""
     port, admin = free_ports(2)
     cfg = logdir / "router.yaml"
-    cfg.write_text(router_config(MODEL, ports))
+    routes = router_config(MODEL, ports)
+    if kv_events_base is not None:
+        routes = _with_event_labels(routes, ports, kv_events_base)
+    cfg.write_text(routes)
     extra: list[str] = []
     if sched_yaml is not None:
         sched = logdir / "router-configuration.yaml"
@@ -124,7 +173,22 @@ def start_router(logdir: Path, procs: list[Proc], ports: list[int], policy: Poli
     wait_until(lambda: http("GET", f"http://{HOST}:{admin}/readyz")[0] == 200, p, timeout_s,
                "/readyz 200")
     wait_until(lambda: probe_chat(url, MODEL), p, timeout_s, "a successful chat request")
-    return url
+    return url, f"http://{HOST}:{admin}"
+
+
+def router_counter(admin_url: str, name: str) -> float | None:
+    """Sum of a counter over its label sets in the router's /metrics (None: absent)."""
+    status, data = http("GET", f"{admin_url}/metrics")
+    if status != 200:
+        return None
+    total, seen = 0.0, False
+    for line in data.decode(errors="replace").splitlines():
+        if line.startswith(f"# TYPE {name} "):
+            seen = True  # declared, no label set yet: 0
+        elif line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
+            total += float(line.rsplit(" ", 1)[1])
+            seen = True
+    return total if seen else None
 
 
 _PEER_ENV = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9",

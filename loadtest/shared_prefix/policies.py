@@ -9,12 +9,15 @@ replaces a policy's YAML with a file (e.g. to try "best" variants without editin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
-# The flag the router CLI will take for the routerConfiguration file (name not fixed
-# yet: step 2 decides; the runner checks `kthena-router --help` for it).
+# The router CLI's flag for the routerConfiguration file.
 ROUTER_CONFIG_FLAG = "--router-config"
+# Our best configuration, shipped as a file (one setting for every regime; docs/benchmarks.md).
+BEST_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "scheduling" / "best.yaml"
 
+MODEL = "llama-3-8b-sim"  # the served model name of the benchmark's engines
 Kind = Literal["router", "oracle", "direct", "peer"]
 
 
@@ -26,6 +29,11 @@ class Policy:
     router_args: tuple[str, ...] = ()
     peer: str | None = None  # "sglang" | "vllm" for kind == "peer"
     note: str = ""
+    kv_events: bool = False  # engines publish KV events and the router subscribes
+
+    @property
+    def needs_kv_events(self) -> bool:
+        return self.kv_events or "kvcache-aware" in (self.scheduler_yaml or "")
 
 
 def _scorers(*names_weights: tuple[str, int], filters: tuple[str, ...] = ()) -> str:
@@ -33,6 +41,12 @@ def _scorers(*names_weights: tuple[str, int], filters: tuple[str, ...] = ()) -> 
     filt = f"    Filter: {{enabled: [{', '.join(filters)}]}}\n" if filters else ""
     return ("scheduler:\n  plugins:\n" + filt + "    Score:\n      enabled:\n" + score + "\n")
 
+
+# kvcache-aware tokenizes locally with the simulator's tokenizer (the engines' hash seed is
+# the simulator's default, 0); event addresses come from the Endpoints labels (cluster.py).
+_TOKENIZER = Path(__file__).resolve().parents[1] / "simulator" / "tokenizer" / "tokenizer.json"
+_KV_ARGS = ("scheduler:\n  pluginConfig:\n  - name: kvcache-aware\n"
+            f"    args: {{tokenizers: {{{MODEL}: '{_TOKENIZER}'}}, hashSeed: '0'}}\n")
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
     # our router's built-in balancer (works before the plugins exist)
@@ -44,10 +58,10 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("prefix-cache+least-request", "router",
            _scorers(("prefix-cache", 1), ("least-request", 1))),
     Policy("kvcache-aware+least-request", "router",
-           _scorers(("kvcache-aware", 1), ("least-request", 1)), note="published winner"),
-    # our best configuration: one setting for every regime; placeholder until step 2
-    Policy("best", "router", _scorers(("kvcache-aware", 1), ("least-request", 1)),
-           note="placeholder: set by step 2"),
+           _KV_ARGS + _scorers(("kvcache-aware", 1), ("least-request", 1)).removeprefix("scheduler:\n"),
+           note="published winner"),
+    # our best configuration: one setting for every regime (configs/scheduling/best.yaml)
+    Policy("best", "router", BEST_CONFIG.read_text(), note="ours, configs/scheduling/best.yaml"),
     Policy("oracle", "oracle", note="ceiling: lowest predicted TTFT, true cache state"),
     Policy("direct", "direct", note="client round-robin straight to the engines"),
     Policy("sglang-cache-aware", "peer", peer="sglang"),

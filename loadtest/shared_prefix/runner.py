@@ -13,6 +13,11 @@ more than --max-lag (fraction of the run): the machine was CPU-starved, the figu
 would be the machine's, not the policy's. Outputs in --out: results.json, results.md,
 ttft_kv<F>.png per KV factor, sweep.png with several factors.
 
+Policies with kvcache-aware get engines started with --kv-events-port-base and Endpoints
+labelled with each engine's event ports (kthena.io/kv-events-port, -replay-port); the cell
+records the router's kvcache-aware fallback count (exact matching working: ~0). Tables run
+in pieces merge with `python -m loadtest.shared_prefix.merge`.
+
 Time scale: the engines run `time_scale` times slower than wall time so that 2 cores
 keep up; all reported times and rates are simulated (wall / time_scale).
 """
@@ -131,15 +136,22 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
     blocks = cluster.kv_blocks(spec, kv_factor)
     procs: list[Proc] = []
     oracle: Oracle | None = None
+    router_admin: str | None = None
+    kv_fallbacks: float | None = None
+    needs_events = pol.needs_kv_events or "kvcache-aware" in (sched_yaml or "")
     try:
-        ports, admin = cluster.start_engines(logdir, procs, blocks, k, seed)
+        ev_base = cluster.free_port_block(2 * cluster.N_ENGINES) if needs_events else None
+        ports, admin = cluster.start_engines(logdir, procs, blocks, k, seed,
+                                             kv_events_base=ev_base)
         admin_url = f"http://127.0.0.1:{admin}"
         engine_urls = [f"http://127.0.0.1:{p}" for p in ports]
         reqs = generate(spec)
         chooser: Chooser = Chooser()
         urls: list[str]
         if pol.kind == "router":
-            urls = [cluster.start_router(logdir, procs, ports, pol, sched_yaml)]
+            url, router_admin = cluster.start_router(logdir, procs, ports, pol, sched_yaml,
+                                                     kv_events_base=ev_base)
+            urls = [url]
         elif pol.kind == "peer":
             urls = [cluster.start_peer(logdir, procs, ports, pol.peer or "")]
         elif pol.kind == "direct":
@@ -169,6 +181,10 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
                           max(s["lag_seconds"] for s in st), max(s["lag_max_seconds"] for s in st))
         stats = run.result()
         states1 = await asyncio.to_thread(cluster.engine_states, admin_url)
+        if router_admin is not None and needs_events:
+            # requests that kvcache-aware scored without exact event data (should be ~0)
+            kv_fallbacks = await asyncio.to_thread(
+                cluster.router_counter, router_admin, "kthena_router_kvcache_aware_fallback_total")
     finally:
         if oracle is not None:
             await oracle.stop()
@@ -200,6 +216,11 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
         "preemptions": sum(r["preemptions_total"] for s in states1 for r in s["ranks"]),
         "metrics": report.cell_metrics(ttfts, [r.e2e_s / k for r in ok], sim_s, h1 - h0, q1 - q0),
     }
+    # kept so that merged runs can redraw the TTFT distributions (merge.py)
+    cell["ttft_samples_s"] = [round(x, 5) for x in ttfts]
+    if needs_events:
+        cell["kv_events"] = True
+        cell["kvcache_aware_fallbacks"] = kv_fallbacks
     if oracle is not None:
         cell["oracle_cache_source"] = oracle.cache_source
     if pol.kind in ("oracle", "direct"):

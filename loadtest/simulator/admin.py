@@ -79,6 +79,16 @@ def make_admin_app(servers: list[EngineServer], publishers: list[list[Any]] | No
             out.append([p.cache_content() for p in pubs])
         return answer(request, out)
 
+    async def stop_kv_events(request: web.Request) -> web.Response:
+        """Stop publishing KV events (sockets closed: subscribers see the stream drop);
+        for tests of a router's fallback. Not reversible."""
+        stopped = 0
+        for s in targets(request):
+            for p in (publishers or [])[s.cfg.index] if publishers else []:
+                await p.close()
+                stopped += 1
+        return json_response({"stopped": stopped})
+
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -91,6 +101,7 @@ def make_admin_app(servers: list[EngineServer], publishers: list[list[Any]] | No
         ("POST", "/admin/engines/{i}/requests/reset", reset_requests),
         ("GET", "/admin/engines/{i}/state", state),
         ("GET", "/admin/engines/{i}/cache", cache),
+        ("POST", "/admin/engines/{i}/kv_events/stop", stop_kv_events),
         ("GET", "/admin/health", health),
     ]
     for method, path, handler in routes:

@@ -112,6 +112,14 @@ def _vllm(out: _Out, views, base, max_loras: int) -> None:
                   "in seconds (older name).", views, base, lambda s: s.itl)
     out.histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in "
                   "seconds.", views, base, lambda s: s.e2e)
+    # vLLM's engine config as an info gauge (value 1): the router sizes its index from it
+    out.family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
+    for v in views:
+        out.sample("vllm:cache_config_info", {
+            **base(v), "block_size": str(v.snap.block_size),
+            "num_gpu_blocks": str(v.snap.num_gpu_blocks), "enable_prefix_caching": "True",
+            "cache_dtype": "auto", "gpu_memory_utilization": "0.9",
+        }, 1.0)
     out.family("vllm:lora_requests_info", "gauge", "Running stats on lora requests.")
     for v in views:
         out.sample("vllm:lora_requests_info", {

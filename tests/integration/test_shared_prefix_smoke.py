@@ -3,6 +3,8 @@
 No wall-clock thresholds: the smoke run disables the lag rejection (--max-lag huge) and
 checks completeness and consistency, plus what the physics implies within one run: the
 oracle (which knows where each prefix is cached) hits the cache more than round-robin.
+The CI comparison (issue 4) keeps the lag rejection on and fails, saying why, when the
+machine could not keep the simulated schedule.
 """
 
 from __future__ import annotations
@@ -88,15 +90,33 @@ def test_runner_smoke_round_robin_and_oracle(tmp_path: Path) -> None:
     assert (tmp_path / "ttft_kv0.5.png").stat().st_size > 0
 
 
+# The CI comparison runs a scaled-down `ci` profile: half its groups (32 x 8 requests,
+# concurrency and rate halved with them; KV per engine follows the distinct prefixes, so the
+# published regime's prefix-vs-KV ratio holds). Time scale 8 (the profile's 6 plus margin for
+# a busy 2-core machine): ~20 simulated s -> ~3 wall minutes for both policies.
+CI_ARGS = ("--profile", "ci", "--num-groups", "32", "--request-rate", "100",
+           "--max-concurrency", "38", "--time-scale", "8", "--seeds", "7")
+AWARE = "best"  # our shipped configuration (configs/scheduling/best.yaml)
+
+
+def rejected_cells(summary: dict[str, Any], policies_: tuple[str, ...]) -> list[str]:
+    return [f"{p} seed {c['seed']}: {c['reject_reason']}" for p in policies_
+            for c in row(summary, p)["cells"] if not c["accepted"]]
+
+
+@pytest.mark.timeout(900)
 @pytest.mark.skipif(not cluster.router_supports_config(),
-                    reason=f"router has no {policies.ROUTER_CONFIG_FLAG} yet (step 2)")
+                    reason=f"router has no {policies.ROUTER_CONFIG_FLAG}")
 def test_prefix_aware_beats_random_ci(tmp_path: Path) -> None:
-    aware, baseline = "kvcache-aware+least-request", "random"
-    s = run_runner(tmp_path, "--profile", "ci", "--policies", f"{baseline},{aware}",
-                   "--seeds", "1")
-    for p in (baseline, aware):
-        r = row(s, p)
-        rejected = [c["reject_reason"] for c in r["cells"] if not c["accepted"]]
-        assert not rejected, f"{p}: cells rejected (machine too busy?): {rejected}"
+    """Issue 4's physics check, within one run: prefix-aware routing vs random."""
+    pair = ("random", AWARE)
+    s = run_runner(tmp_path, *CI_ARGS, "--policies", ",".join(pair), timeout_s=840)
+    # A CPU-starved run measures the machine, not the policy: say so instead of passing
+    # or failing on noise.
+    bad = rejected_cells(s, pair)
+    if bad:
+        pytest.fail("run rejected, the machine was too busy to keep the simulated schedule "
+                    f"(rerun on a quieter machine or raise --time-scale): {bad}")
+    for p in pair:
         check_consistent(s, p)
-    assert_prefix_aware_wins(s, aware, baseline)
+    assert_prefix_aware_wins(s, AWARE, "random")

@@ -1,13 +1,18 @@
 """kthena_router._core KvOwnership and token block hashing, against a Python reference model."""
 
+import hashlib
 import struct
+from array import array
 from collections import Counter
+
+import cbor2
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kthena_router._core import KvOwnership, block_hash_key, token_block_hashes
+from kthena_router.kv_events.hashing import BlockHasher
 
 MASK64 = (1 << 64) - 1
 STORED, REMOVED, CLEARED = 1, 2, 3
@@ -21,30 +26,37 @@ def flat(events) -> bytes:
     return struct.pack(f"<{len(words)}Q", *words)
 
 
-def test_cpython_tuple_scheme_is_the_simulators_hash():
-    from loadtest.simulator.kvcache import hash_block, root_hash
-
-    toks = list(range(1000, 1064))
-    root = root_hash(None)
-    want, parent = [], root
-    for i in range(4):
-        parent = hash_block(parent, tuple(toks[i * 16:(i + 1) * 16]))
-        want.append(parent)
-    assert token_block_hashes(toks, 16, root, 100, "cpython-tuple") == want
-    # Same from a little-endian u32 array; a lora root changes everything.
-    assert token_block_hashes(struct.pack("<64I", *toks), 16, root, 100, "cpython-tuple") == want
-    assert token_block_hashes(toks, 16, root_hash("a"), 100, "cpython-tuple")[0] != want[0]
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.integers(0, 2**32 - 1), max_size=60), st.integers(1, 8), st.integers(0, 2**64 - 1))
-def test_cpython_tuple_scheme_matches_python_hash(tokens, bs, root):
-    got = token_block_hashes(tokens, bs, root, 1000, "cpython-tuple")
-    want, parent = [], root
+def _cbor2_chain(tokens, bs, seed, lora):
+    """vLLM's recipe spelled with cbor2 itself (the oracle vLLM uses)."""
+    fn = lambda x: hashlib.sha256(cbor2.dumps(x, canonical=True)).digest()  # noqa: E731
+    parent, out = fn(seed), []
     for i in range(len(tokens) // bs):
-        parent = hash((parent, tuple(tokens[i * bs:(i + 1) * bs]))) & MASK64
-        want.append(parent)
+        parent = fn((parent, tuple(tokens[i * bs:(i + 1) * bs]), None if lora is None else (lora,)))
+        out.append(int.from_bytes(parent[-8:], "big"))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=80), st.integers(1, 20),
+       st.one_of(st.none(), st.text(max_size=30)), st.sampled_from(["0", "42", "", "seed-\u00e9"]))
+def test_vllm_sha256_cbor_matches_the_python_reference(tokens, bs, lora, seed):
+    want = BlockHasher(bs, "sha256_cbor", seed).hashes(tokens, lora_name=lora)
+    got = token_block_hashes(tokens, bs, 0, 1000, "vllm-sha256-cbor", lora=lora, hash_seed=seed)
     assert got == want
+    assert token_block_hashes(array("I", tokens), bs, 0, 1000, "vllm-sha256-cbor", lora=lora,
+                              hash_seed=seed) == want
+
+
+def test_vllm_sha256_cbor_matches_cbor2():
+    toks = [0, 23, 24, 255, 256, 65535, 65536, 2**32 - 1] * 8  # every CBOR head width
+    assert token_block_hashes(toks, 16, 0, 100, "vllm-sha256-cbor") == _cbor2_chain(toks, 16, "0", None)
+    assert token_block_hashes(toks, 8, 0, 3, "vllm-sha256-cbor", lora="ad-\u00e9" * 20,
+                              hash_seed="7") == _cbor2_chain(toks, 8, "7", "ad-\u00e9" * 20)[:3]
+
+
+def test_simulator_private_scheme_is_not_offered():
+    with pytest.raises(ValueError):
+        token_block_hashes([1, 2], 1, 0, 4, "cpython-tuple")
 
 
 def test_xxh3_scheme_chains_and_limits():
@@ -97,11 +109,17 @@ def test_malformed_batch_changes_nothing():
 
 
 def test_match_tokens_uses_the_table_scheme():
-    t = KvOwnership(1000, hash_scheme="cpython-tuple")
+    t = KvOwnership(1000, hash_scheme="vllm-sha256-cbor", hash_seed="3")
     toks = list(range(64))
-    t.stored(3, token_block_hashes(toks[:48], 16, 9, 100, "cpython-tuple"))
-    assert t.match_tokens(toks, 16, 9, 100) == (4, [(3, 3)])
-    assert t.match_tokens(toks, 16, 10, 100) == (4, [])  # another root (adapter)
+    t.stored(3, BlockHasher(16, "sha256_cbor", "3").hashes(toks[:48]))
+    assert t.match_tokens(toks, 16, max_blocks=100) == (4, [(3, 3)])
+    assert t.match_tokens(array("I", toks), 16, max_blocks=2) == (2, [(3, 2)])
+    assert t.match_tokens(toks, 16, lora="ad") == (4, [])  # an adapter's blocks differ
+    t.stored(4, BlockHasher(16, "sha256_cbor", "3").hashes(toks, lora_name="ad"))
+    assert t.match_tokens(toks, 16, lora="ad") == (4, [(4, 4)])
+    big = list(range(100, 20_100))  # above the GIL-release threshold
+    t.stored(5, BlockHasher(16, "sha256_cbor", "3").hashes(big[:160]))
+    assert t.match_tokens(big, 16) == (1250, [(5, 10)])
 
 
 def test_large_batch_without_gil_and_capacity():

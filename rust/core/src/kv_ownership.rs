@@ -539,7 +539,7 @@ pub fn decode_flat(words: &[u64]) -> Result<Vec<KvEvent<'_>>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::token_hash::{chain_token_hashes, HashScheme};
+    use crate::token_hash::HashScheme;
     use std::collections::HashMap as StdMap;
 
     fn matched(t: &mut KvOwnership, hashes: &[u64]) -> StdMap<u32, u32> {
@@ -663,13 +663,13 @@ mod tests {
     #[test]
     fn token_chain_matches_engine_events() {
         // The engine stores a 3-block prompt; a request sharing 2 blocks matches 2.
-        let h = HashScheme::CPythonTuple;
+        let h = HashScheme::by_name("vllm-sha256-cbor", "0").unwrap();
         let toks: Vec<u32> = (100..148).collect();
         let (mut a, mut b) = (Vec::new(), Vec::new());
-        chain_token_hashes(&h, 42, &toks, 16, 64, &mut a);
+        h.chain(&toks, 16, 64, 0, None, &mut a);
         let mut other = toks[..32].to_vec();
         other.extend(500..520);
-        chain_token_hashes(&h, 42, &other, 16, 64, &mut b);
+        h.chain(&other, 16, 64, 0, None, &mut b);
         let mut t = KvOwnership::new(100);
         t.stored(3, &a);
         assert_eq!(matched(&mut t, &b), StdMap::from([(3, 2)]));

@@ -1,8 +1,9 @@
 //! Chained block hashes of token ids, as an engine computes them for its prefix cache.
 //!
-//! Engines differ (vLLM: sha256 over a pickled/CBOR `(parent, tokens, extra_keys)`; the
-//! simulator: CPython's tuple hash; SGLang: its own), so the block function is pluggable
-//! ([`TokenBlockHasher`]); everything downstream (the ownership table) only sees `u64`s.
+//! Engines differ (vLLM: sha256 over a pickled/CBOR `(parent, tokens, extra_keys)`;
+//! SGLang: its own), so the scheme is selectable ([`HashScheme`]); everything downstream
+//! (the ownership table) only sees `u64`s. vLLM's sha256_cbor is [`VllmSha256Cbor`]
+//! (reference: kthena_router/kv_events/hashing.py).
 //! The chain is
 //!
 //! ```text
@@ -13,6 +14,7 @@
 //! LoRA adapter's root value): the caller supplies it. Only full blocks are hashed, as
 //! engines only cache full blocks.
 
+use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// One block of the chain: `parent` is the previous block's hash (or the root).
@@ -46,65 +48,133 @@ impl TokenBlockHasher for Xxh3Tokens {
     }
 }
 
-/// The simulator's scheme: CPython's `hash((parent, tuple(tokens))) & (2**64 - 1)` on a
-/// 64-bit build (tuple hash = xxHash-style lanes since Python 3.8; int hash = value mod
-/// 2**61 - 1). Deterministic: ints and tuples are not salted by PYTHONHASHSEED.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CPythonTuple;
-
-const XXPRIME_1: u64 = 11400714785074694791;
-const XXPRIME_2: u64 = 14029467366897019727;
-const XXPRIME_5: u64 = 2870177450012600261;
-const PY_MODULUS: u64 = (1 << 61) - 1;
-
-/// CPython's `tuplehash` over already-hashed items.
-fn py_tuple_hash(lanes: impl ExactSizeIterator<Item = u64>) -> u64 {
-    let len = lanes.len() as u64;
-    let mut acc = XXPRIME_5;
-    for lane in lanes {
-        acc = acc.wrapping_add(lane.wrapping_mul(XXPRIME_2));
-        acc = acc.rotate_left(31);
-        acc = acc.wrapping_mul(XXPRIME_1);
-    }
-    acc = acc.wrapping_add(len ^ (XXPRIME_5 ^ 3527539));
-    if acc == u64::MAX {
-        1546275796 // CPython reserves -1 for errors
-    } else {
-        acc
-    }
-}
-
-impl TokenBlockHasher for CPythonTuple {
-    fn hash_block(&self, parent: u64, tokens: &[u32]) -> u64 {
-        // hash(int) of a non-negative int is the value mod 2**61 - 1 (never -1).
-        let inner = py_tuple_hash(tokens.iter().map(|&t| u64::from(t) % PY_MODULUS));
-        py_tuple_hash([parent % PY_MODULUS, inner].into_iter())
-    }
-}
-
-/// The schemes selectable by name (configuration and the Python binding).
+/// vLLM's `hash_block_tokens` with `--prefix-caching-hash-algo sha256_cbor`:
+///
+/// ```text
+/// digest_i = sha256(cbor((digest_{i-1} or NONE_HASH, tuple(tokens_i), extra_keys)))
+/// NONE_HASH = sha256(cbor(PYTHONHASHSEED as a string))
+/// ```
+///
+/// with cbor2's canonical encoding (shortest heads), `extra_keys` = `(lora_name,)` for a
+/// LoRA request, else None. The chain carries the full 32-byte digest; the hash an event
+/// carries (and the table keys) is its last 8 bytes, big-endian.
 #[derive(Clone, Copy, Debug)]
-pub enum HashScheme {
-    Xxh3(Xxh3Tokens),
-    CPythonTuple,
+pub struct VllmSha256Cbor {
+    pub none_hash: [u8; 32],
 }
 
-impl HashScheme {
-    /// `"xxh3"` (seed 0) or `"cpython-tuple"` (the simulator's).
-    pub fn by_name(name: &str) -> Option<Self> {
-        match name {
-            "xxh3" => Some(HashScheme::Xxh3(Xxh3Tokens { seed: 0 })),
-            "cpython-tuple" => Some(HashScheme::CPythonTuple),
-            _ => None,
+/// Canonical CBOR item head (major type, shortest argument).
+fn cbor_head(major: u8, n: u64, out: &mut Vec<u8>) {
+    let m = major << 5;
+    if n < 24 {
+        out.push(m | n as u8);
+    } else if n <= 0xFF {
+        out.extend_from_slice(&[m | 24, n as u8]);
+    } else if n <= 0xFFFF {
+        out.push(m | 25);
+        out.extend_from_slice(&(n as u16).to_be_bytes());
+    } else if n <= 0xFFFF_FFFF {
+        out.push(m | 26);
+        out.extend_from_slice(&(n as u32).to_be_bytes());
+    } else {
+        out.push(m | 27);
+        out.extend_from_slice(&n.to_be_bytes());
+    }
+}
+
+const CBOR_BYTES: u8 = 2;
+const CBOR_TEXT: u8 = 3;
+const CBOR_ARRAY: u8 = 4;
+const CBOR_NULL: u8 = 0xF6;
+
+impl VllmSha256Cbor {
+    /// `hash_seed`: the engines' PYTHONHASHSEED (vLLM's NONE_HASH is random without one).
+    pub fn new(hash_seed: &str) -> Self {
+        let mut buf = Vec::with_capacity(hash_seed.len() + 9);
+        cbor_head(CBOR_TEXT, hash_seed.len() as u64, &mut buf);
+        buf.extend_from_slice(hash_seed.as_bytes());
+        VllmSha256Cbor {
+            none_hash: Sha256::digest(&buf).into(),
+        }
+    }
+
+    /// Append the event hashes of at most `max_blocks` full blocks of `tokens` to `out`.
+    pub fn chain(
+        &self,
+        tokens: &[u32],
+        block_size: usize,
+        max_blocks: usize,
+        lora: Option<&str>,
+        out: &mut Vec<u64>,
+    ) {
+        if block_size == 0 {
+            return;
+        }
+        let n = (tokens.len() / block_size).min(max_blocks);
+        out.reserve(n);
+        // The key is rebuilt in one buffer: only the parent digest and tokens change.
+        let mut tail = Vec::new();
+        match lora {
+            None => tail.push(CBOR_NULL),
+            Some(name) => {
+                cbor_head(CBOR_ARRAY, 1, &mut tail);
+                cbor_head(CBOR_TEXT, name.len() as u64, &mut tail);
+                tail.extend_from_slice(name.as_bytes());
+            }
+        }
+        let mut buf = Vec::with_capacity(40 + 5 * block_size + tail.len());
+        let mut parent = self.none_hash;
+        for block in tokens.chunks_exact(block_size).take(n) {
+            buf.clear();
+            cbor_head(CBOR_ARRAY, 3, &mut buf);
+            cbor_head(CBOR_BYTES, 32, &mut buf);
+            buf.extend_from_slice(&parent);
+            cbor_head(CBOR_ARRAY, block.len() as u64, &mut buf);
+            for &t in block {
+                cbor_head(0, u64::from(t), &mut buf);
+            }
+            buf.extend_from_slice(&tail);
+            parent = Sha256::digest(&buf).into();
+            out.push(block_hash_key(&parent));
         }
     }
 }
 
-impl TokenBlockHasher for HashScheme {
-    fn hash_block(&self, parent: u64, tokens: &[u32]) -> u64 {
+/// The schemes selectable by name (configuration and the Python binding). Only published
+/// algorithms: an engine's private hash (e.g. the simulator's internal one) never belongs
+/// here, the router must reproduce what a real engine computes.
+#[derive(Clone, Copy, Debug)]
+pub enum HashScheme {
+    /// Ours (tests, engines without a published scheme): chained through `root`, no LoRA
+    /// key (fold the adapter into `root`).
+    Xxh3(Xxh3Tokens),
+    /// vLLM's sha256_cbor (`root` unused: the chain starts at NONE_HASH; LoRA in the key).
+    VllmSha256Cbor(VllmSha256Cbor),
+}
+
+impl HashScheme {
+    /// `"xxh3"` (seed 0) or `"vllm-sha256-cbor"` with the engines' hash seed.
+    pub fn by_name(name: &str, hash_seed: &str) -> Option<Self> {
+        match name {
+            "xxh3" => Some(HashScheme::Xxh3(Xxh3Tokens { seed: 0 })),
+            "vllm-sha256-cbor" => Some(HashScheme::VllmSha256Cbor(VllmSha256Cbor::new(hash_seed))),
+            _ => None,
+        }
+    }
+
+    /// Append the chain's hashes of at most `max_blocks` full blocks to `out`.
+    pub fn chain(
+        &self,
+        tokens: &[u32],
+        block_size: usize,
+        max_blocks: usize,
+        root: u64,
+        lora: Option<&str>,
+        out: &mut Vec<u64>,
+    ) {
         match self {
-            HashScheme::Xxh3(h) => h.hash_block(parent, tokens),
-            HashScheme::CPythonTuple => CPythonTuple.hash_block(parent, tokens),
+            HashScheme::Xxh3(h) => chain_token_hashes(h, root, tokens, block_size, max_blocks, out),
+            HashScheme::VllmSha256Cbor(h) => h.chain(tokens, block_size, max_blocks, lora, out),
         }
     }
 }
@@ -152,33 +222,67 @@ mod tests {
         v
     }
 
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
     #[test]
-    fn cpython_tuple_hash_known_values() {
-        // Values printed by CPython 3.11: hash(()) and hash((1, 2)) and the simulator's
-        // hash((7, (1, 2, 3))) & MASK64.
-        assert_eq!(py_tuple_hash([].into_iter()), 5740354900026072187);
+    fn vllm_none_hash_and_cbor_heads() {
+        // sha256(cbor2.dumps("0", canonical=True)) = sha256(b"\x610")
+        let h = VllmSha256Cbor::new("0");
+        assert_eq!(h.none_hash.to_vec(), Sha256::digest(b"\x610").to_vec());
+        let mut v = Vec::new();
+        for n in [0u64, 23, 24, 255, 256, 65535, 65536, 1 << 32] {
+            cbor_head(0, n, &mut v);
+        }
         assert_eq!(
-            py_tuple_hash([1u64, 2].into_iter()),
-            (-3550055125485641917i64) as u64
+            v,
+            hex("0017181818ff19010019ffff1a000100001b0000000100000000")
         );
-        assert_eq!(CPythonTuple.hash_block(7, &[1, 2, 3]), 4160776674258785373);
+    }
+
+    #[test]
+    fn vllm_block_key_layout() {
+        // One block [1, 500] after NONE_HASH, LoRA "ad": the CBOR bytes spelled out.
+        let h = VllmSha256Cbor::new("0");
+        let mut key = vec![0x83, 0x58, 0x20];
+        key.extend_from_slice(&h.none_hash);
+        key.extend_from_slice(&[0x82, 0x01, 0x19, 0x01, 0xF4, 0x81, 0x62, b'a', b'd']);
+        let want = block_hash_key(&Sha256::digest(&key));
+        let mut out = Vec::new();
+        h.chain(&[1, 500, 7], 2, 9, Some("ad"), &mut out);
+        assert_eq!(out, vec![want]);
+        out.clear();
+        h.chain(&[1, 500], 2, 9, None, &mut out);
+        assert_ne!(out, vec![want]); // extra_keys None (0xf6) differs
     }
 
     #[test]
     fn chain_shares_prefix_then_diverges() {
         for scheme in [
-            HashScheme::by_name("xxh3").unwrap(),
-            HashScheme::CPythonTuple,
+            HashScheme::by_name("xxh3", "").unwrap(),
+            HashScheme::by_name("vllm-sha256-cbor", "0").unwrap(),
         ] {
             let a: Vec<u32> = (0..40).collect();
             let mut b = a.clone();
             b[20] = 999;
-            let (ha, hb) = (chain(&scheme, 5, &a, 8), chain(&scheme, 5, &b, 8));
+            let run = |t: &[u32], lora| {
+                let mut v = Vec::new();
+                scheme.chain(t, 8, usize::MAX, 5, lora, &mut v);
+                v
+            };
+            let (ha, hb) = (run(&a, None), run(&b, None));
             assert_eq!(ha.len(), 5); // 40 / 8, no partial block
             assert_eq!(ha[..2], hb[..2]);
             assert!(ha[2..].iter().zip(&hb[2..]).all(|(x, y)| x != y));
-            assert_ne!(chain(&scheme, 6, &a, 8)[0], ha[0]); // root separates adapters
+            let mut v = Vec::new();
+            scheme.chain(&a, 8, 2, 5, None, &mut v);
+            assert_eq!(v, ha[..2]);
         }
+        assert!(HashScheme::by_name("cpython-tuple", "0").is_none());
     }
 
     #[test]
@@ -193,13 +297,20 @@ mod tests {
                 xxh3_64_with_seed(&buf, 3)
             );
         }
+        let a: Vec<u32> = (0..16).collect();
+        assert_ne!(
+            chain(&Xxh3Tokens::default(), 6, &a, 8)[0],
+            chain(&Xxh3Tokens::default(), 5, &a, 8)[0]
+        ); // root separates adapters
     }
 
     #[test]
     fn limits_and_bytes_keys() {
         let mut v = Vec::new();
-        chain_token_hashes(&CPythonTuple, 0, &[1, 2, 3], 0, 9, &mut v);
-        chain_token_hashes(&CPythonTuple, 0, &[1, 2, 3], 2, 0, &mut v);
+        let x = Xxh3Tokens::default();
+        chain_token_hashes(&x, 0, &[1, 2, 3], 0, 9, &mut v);
+        chain_token_hashes(&x, 0, &[1, 2, 3], 2, 0, &mut v);
+        VllmSha256Cbor::new("0").chain(&[1, 2, 3], 0, 9, None, &mut v);
         assert!(v.is_empty());
         assert_eq!(
             block_hash_key(

@@ -2,6 +2,7 @@
 
 use kthena_core::kv_ownership;
 use kthena_core::token_hash::{self, HashScheme};
+use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -10,16 +11,16 @@ use pyo3::types::PyBytes;
 const GIL_RELEASE_BATCH_BYTES: usize = 64 * 1024;
 const GIL_RELEASE_TOKENS: usize = 8 * 1024;
 
-fn scheme(name: &str) -> PyResult<HashScheme> {
-    HashScheme::by_name(name).ok_or_else(|| {
+fn scheme(name: &str, hash_seed: &str) -> PyResult<HashScheme> {
+    HashScheme::by_name(name, hash_seed).ok_or_else(|| {
         PyValueError::new_err(format!(
-            "unknown hash scheme {name:?} (xxh3, cpython-tuple)"
+            "unknown hash scheme {name:?} (vllm-sha256-cbor, xxh3)"
         ))
     })
 }
 
-/// Token ids from `bytes` (little-endian u32 array, e.g. `array('I', ids).tobytes()`) or a
-/// sequence of ints.
+/// Token ids from a buffer of native u32 (`array('I')`, memoryview), `bytes` (little-endian
+/// u32 array) or a sequence of ints.
 fn tokens_of(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     if let Ok(b) = tokens.downcast::<PyBytes>() {
         let b = b.as_bytes();
@@ -33,9 +34,13 @@ fn tokens_of(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect());
     }
+    if let Ok(buf) = PyBuffer::<u32>::get(tokens) {
+        return buf.to_vec(tokens.py());
+    }
     tokens.extract()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn hash_tokens(
     py: Python<'_>,
     s: HashScheme,
@@ -43,25 +48,25 @@ fn hash_tokens(
     block_size: usize,
     root: u64,
     max_blocks: usize,
+    lora: Option<&str>,
 ) -> PyResult<Vec<u64>> {
     if block_size == 0 {
         return Err(PyValueError::new_err("block_size must be positive"));
     }
     let mut out = Vec::new();
     if tokens.len().min(max_blocks.saturating_mul(block_size)) > GIL_RELEASE_TOKENS {
-        py.allow_threads(|| {
-            token_hash::chain_token_hashes(&s, root, tokens, block_size, max_blocks, &mut out)
-        });
+        py.allow_threads(|| s.chain(tokens, block_size, max_blocks, root, lora, &mut out));
     } else {
-        token_hash::chain_token_hashes(&s, root, tokens, block_size, max_blocks, &mut out);
+        s.chain(tokens, block_size, max_blocks, root, lora, &mut out);
     }
     Ok(out)
 }
 
-/// Chain hashes of the first min(len // block_size, max_blocks) full token blocks:
-/// h_i = block_hash(h_{i-1}, block_i), h_{-1} = root, with the named scheme.
+/// Chain hashes of the first min(len // block_size, max_blocks) full token blocks with
+/// the named scheme (see _core.pyi).
 #[pyfunction]
-#[pyo3(signature = (tokens, block_size, root, max_blocks, scheme="xxh3"))]
+#[pyo3(signature = (tokens, block_size, root, max_blocks, scheme="xxh3", *, lora=None, hash_seed="0"))]
+#[allow(clippy::too_many_arguments)]
 pub fn token_block_hashes(
     py: Python<'_>,
     tokens: &Bound<'_, PyAny>,
@@ -69,10 +74,12 @@ pub fn token_block_hashes(
     root: u64,
     max_blocks: usize,
     scheme: &str,
+    lora: Option<&str>,
+    hash_seed: &str,
 ) -> PyResult<Vec<u64>> {
-    let s = self::scheme(scheme)?;
+    let s = self::scheme(scheme, hash_seed)?;
     let t = tokens_of(tokens)?;
-    hash_tokens(py, s, &t, block_size, root, max_blocks)
+    hash_tokens(py, s, &t, block_size, root, max_blocks, lora)
 }
 
 /// Table key of an engine block hash sent as bytes: the last 8 bytes, big-endian (equal to
@@ -93,11 +100,11 @@ pub struct KvOwnership {
 #[pymethods]
 impl KvOwnership {
     #[new]
-    #[pyo3(signature = (default_capacity, hash_scheme="xxh3"))]
-    fn new(default_capacity: u32, hash_scheme: &str) -> PyResult<Self> {
+    #[pyo3(signature = (default_capacity, hash_scheme="xxh3", hash_seed="0"))]
+    fn new(default_capacity: u32, hash_scheme: &str, hash_seed: &str) -> PyResult<Self> {
         Ok(KvOwnership {
             inner: kv_ownership::KvOwnership::new(default_capacity),
-            scheme: scheme(hash_scheme)?,
+            scheme: scheme(hash_scheme, hash_seed)?,
             out: Vec::new(),
         })
     }
@@ -148,19 +155,25 @@ impl KvOwnership {
     }
 
     /// Hash the request's tokens with the table's scheme, then match:
-    /// (number of full blocks hashed, [(endpoint, matched_blocks)]).
+    /// (number of full blocks hashed, [(endpoint, matched_blocks)]). Long prompts are
+    /// hashed without the GIL and without holding the table (other threads may use it).
+    #[pyo3(signature = (tokens, block_size, root=0, max_blocks=usize::MAX, lora=None))]
     fn match_tokens(
-        &mut self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         tokens: &Bound<'_, PyAny>,
         block_size: usize,
         root: u64,
         max_blocks: usize,
+        lora: Option<&str>,
     ) -> PyResult<(usize, Vec<(u32, u32)>)> {
+        let py = slf.py();
         let t = tokens_of(tokens)?;
-        let hashes = hash_tokens(py, self.scheme, &t, block_size, root, max_blocks)?;
-        self.inner.match_hashes(&hashes, &mut self.out);
-        Ok((hashes.len(), self.out.clone()))
+        let scheme = slf.borrow().scheme;
+        let hashes = hash_tokens(py, scheme, &t, block_size, root, max_blocks, lora)?;
+        let mut me = slf.borrow_mut();
+        let me = &mut *me;
+        me.inner.match_hashes(&hashes, &mut me.out);
+        Ok((hashes.len(), me.out.clone()))
     }
 
     fn remove_endpoint(&mut self, endpoint: u32) -> usize {

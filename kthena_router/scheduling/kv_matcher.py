@@ -1,0 +1,229 @@
+"""`kvcache-aware`: exact prefix matching against the engines' KV-cache events.
+
+Per worker: a `KvEventSubscribers` (one ZMQ subscription per endpoint, kv_events/) feeds a
+Rust `KvOwnership` table through `_Sink`; per request (`match`, called by the Scheduler):
+render the chat template, tokenize locally (cached per prompt prefix), then ONE Rust call
+hashes the tokens with vLLM's sha256_cbor scheme and matches them against the table.
+
+Event source of an endpoint (file mode: Endpoints labels; Kubernetes: the pod's labels):
+`tcp://<endpoint ip>:<kthena.io/kv-events-port>` with replay on
+`<kthena.io/kv-events-replay-port>` ("0" or "none": no replay socket); without labels the
+plugin's kvEventsPort / kvEventsReplayPort (vLLM's 5557 / 5558).
+
+Fallback (metric `kthena_router_kvcache_aware_fallback_total{model,reason}`, counted here):
+endpoints whose stream is not up get the approximate prefix-cache match, rescaled to
+token blocks (reason `stream_down`); a request without a usable tokenizer or template
+uses prefix-cache alone (`no_tokenizer`, `tokenize_error`).
+
+Known limits: tokenization runs on the event loop (a cold 100k-token prompt blocks it for
+tens of ms; the prefix cache makes repeats cheap); one event stream per endpoint (no DP
+ranks on separate ports); vLLM's default pickle-based hash is not reproduced.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kthena_router._core import KvOwnership
+from kthena_router.kv_events import EventSource, KvEventSubscribers, StreamState, StreamStatus
+from kthena_router.metrics import RouterMetrics
+
+from .chat_template import ChatTemplate, load_chat_template
+from .config import KvCacheAwareArgs
+from .request import CHAT_PATH, PROMPT_PATHS, RequestInfo
+from .tokenizer_cache import CachedTokenizer, TokenizerRegistry, TokenizerUnavailable, engine_adds_special_tokens
+
+__all__ = ["KvAwareMatcher", "LABEL_PORT", "LABEL_REPLAY_PORT", "event_source"]
+
+log = logging.getLogger(__name__)
+
+LABEL_PORT = "kthena.io/kv-events-port"
+LABEL_REPLAY_PORT = "kthena.io/kv-events-replay-port"
+SCHEME = "vllm-sha256-cbor"
+# Entries per endpoint before the table drops the oldest (only reached if removals are
+# missed; memory is per entry, not per capacity).
+DEFAULT_CAPACITY = 1 << 21
+
+
+def event_source(ip: str, labels: Mapping[str, str], args: KvCacheAwareArgs) -> EventSource | None:
+    """The endpoint's publisher address from its labels, else the plugin defaults; None if
+    the labels are unusable."""
+    try:
+        port = int(labels.get(LABEL_PORT, args.kv_events_port))
+        rp = labels.get(LABEL_REPLAY_PORT, str(args.kv_events_replay_port))
+        replay = None if rp.lower() in ("0", "none", "") else int(rp)
+    except ValueError:
+        return None
+    host = f"[{ip}]" if ":" in ip else ip
+    return EventSource(f"tcp://{host}:{port}", None if replay is None else f"tcp://{host}:{replay}")
+
+
+class _Sink:
+    """kv_events.OwnershipSink over the Rust table: endpoint keys ("ip:port") -> ids."""
+
+    def __init__(self, matcher: KvAwareMatcher) -> None:
+        self._m = matcher
+
+    def stored(self, endpoint_id: str, hashes: Sequence[int]) -> None:
+        i = self._m.ids.get(endpoint_id)
+        if i is not None:
+            self._m.table.stored(i, list(hashes))
+
+    def removed(self, endpoint_id: str, hashes: Sequence[int]) -> None:
+        i = self._m.ids.get(endpoint_id)
+        if i is not None:
+            self._m.table.removed(i, list(hashes))
+
+    def cleared(self, endpoint_id: str) -> None:
+        i = self._m.ids.get(endpoint_id)
+        if i is not None:
+            self._m.table.all_cleared(i)
+
+    def set_stream_up(self, endpoint_id: str, up: bool) -> None:
+        self._m.stream_changed(endpoint_id, up)
+
+
+class KvAwareMatcher:
+    """The Scheduler's `kv_matcher` (scheduler.KvAwareMatcher protocol)."""
+
+    def __init__(self, args: KvCacheAwareArgs, metrics: RouterMetrics, *,
+                 subscriber_options: Mapping[str, Any] | None = None) -> None:
+        self.args = args
+        self.metrics = metrics
+        self.table = KvOwnership(DEFAULT_CAPACITY, SCHEME, args.hash_seed)
+        self.tokenizers = TokenizerRegistry.from_args(args)
+        self._templates: dict[str, ChatTemplate | None] = {}
+        self.ids: dict[str, int] = {}  # endpoint key -> scheduler endpoint id
+        self._keys: dict[int, str] = {}
+        self._up: set[int] = set()
+        self._down_ids: frozenset[int] = frozenset()  # subscribed, stream not up
+        self.subscribers = KvEventSubscribers(_Sink(self), on_status=self._on_status,
+                                              options=dict(subscriber_options or {}))
+
+    # --- endpoints and streams (event loop, rare) ------------------------------------------
+    def set_endpoints(self, endpoints: Mapping[str, tuple[int, EventSource]]) -> None:
+        """{endpoint key: (scheduler id, event source)} of every live endpoint."""
+        for key in [k for k in self.ids if k not in endpoints]:
+            i = self.ids.pop(key)
+            self._keys.pop(i, None)
+            self._up.discard(i)
+            self.table.remove_endpoint(i)
+        for key, (i, _) in endpoints.items():
+            if key not in self.ids:
+                self.ids[key] = i
+                self._keys[i] = key
+                self.table.set_stream_down(i, True)  # until its stream is up
+        self._refresh_down()
+        self.subscribers.set_sources({k: src for k, (_, src) in endpoints.items()})
+
+    def stream_changed(self, key: str, up: bool) -> None:
+        i = self.ids.get(key)
+        if i is None:
+            return
+        # down: forget its blocks (a gap makes them untrustworthy; a reconnect replays)
+        self.table.set_stream_down(i, not up, clear=not up)
+        if up:
+            self._up.add(i)
+        else:
+            self._up.discard(i)
+        self._refresh_down()
+
+    def _refresh_down(self) -> None:
+        self._down_ids = frozenset(i for i in self._keys if i not in self._up)
+
+    def _on_status(self, st: StreamStatus) -> None:
+        self.metrics.set_kv_stream_up(st.endpoint_id, st.state is StreamState.UP)
+
+    async def close(self) -> None:
+        await self.subscribers.close()
+
+    # --- the request path ----------------------------------------------------------------
+    def match(self, info: RequestInfo, approx: list[tuple[int, int]] | None,
+              approx_total: int) -> tuple[list[tuple[int, int]], int] | None:
+        tokens = self._tokens(info)
+        if tokens is None:
+            return None
+        a = self.args
+        try:
+            n, matches = self.table.match_tokens(tokens, a.block_size_to_hash, 0, a.max_blocks_to_match,
+                                                 info.lora or None)
+        except (TypeError, ValueError, OverflowError):  # token ids that are not u32
+            self.metrics.kv_fallback_used(info.model_label, "tokenize_error")
+            return None
+        down = self._down_ids
+        if down:
+            self.metrics.kv_fallback_used(info.model_label, "stream_down")
+            if approx and approx_total and n:
+                # approximate byte-block fraction -> token blocks of this prompt
+                matches.extend((e, m * n // approx_total) for e, m in approx if e in down and m * n >= approx_total)
+        return matches, n
+
+    def _tokens(self, info: RequestInfo) -> Any:
+        """Token ids as vLLM would see them (array('I') or a list), or None (counted)."""
+        obj = info.obj
+        if info.path not in PROMPT_PATHS or type(obj) is not dict:
+            return None
+        chat = info.path == CHAT_PATH
+        if not chat:
+            prompt = obj.get("prompt")
+            if isinstance(prompt, list) and prompt:
+                if isinstance(prompt[0], int):
+                    return prompt  # token ids (checked by the Rust call)
+                prompt = prompt[0]  # a batch: the first prompt decides
+                if isinstance(prompt, list):
+                    return prompt
+            if not isinstance(prompt, str):
+                return None
+        tok = self._tokenizer(info)
+        if tok is None:
+            self.metrics.kv_fallback_used(info.model_label, "no_tokenizer")
+            return None
+        try:
+            if chat:
+                template = self._template(info)
+                if template is None:
+                    self.metrics.kv_fallback_used(info.model_label, "no_tokenizer")
+                    return None
+                prompt = template.render(obj)
+            return tok.encode(prompt, engine_adds_special_tokens(obj, chat))
+        except Exception as e:  # bad messages, template errors: the engine will say so
+            log.debug("kvcache-aware: cannot tokenize request %s: %r", info.request_id, e)
+            self.metrics.kv_fallback_used(info.model_label, "tokenize_error")
+            return None
+
+    def _tokenizer(self, info: RequestInfo) -> CachedTokenizer | None:
+        for name in (info.model, info.model_label):
+            try:
+                tok = self.tokenizers.get(name)
+            except TokenizerUnavailable:
+                return None
+            if tok is not None:
+                return tok
+        return None
+
+    def _template(self, info: RequestInfo) -> ChatTemplate | None:
+        model = info.model if info.model in self.args.tokenizers else info.model_label
+        if model not in self._templates:
+            try:
+                self._templates[model] = load_chat_template(self.args.tokenizers[model])
+            except Exception as e:  # a broken template: fall back, once logged
+                log.warning("kvcache-aware: chat template of %s unusable: %s", model, e)
+                self._templates[model] = None
+        return self._templates[model]
+
+    # --- admin/debug view (not on the hot path) ------------------------------------------
+    def debug_view(self) -> dict[str, Any]:
+        status = self.subscribers.status()
+        out: dict[str, Any] = {}
+        for key, i in sorted(self.ids.items()):
+            st = status.get(key)
+            out[key] = {
+                "id": i,
+                "state": st.state.value if st else "none",
+                "last_seq": st.last_seq if st else None,
+                "blocks": sorted(self.table.endpoint_hashes(i)),
+            }
+        return {"endpoints": out, "entries": len(self.table), "overflow_drops": self.table.overflow_drops,
+                "unknown_removals": self.table.unknown_removals}

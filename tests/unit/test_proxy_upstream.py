@@ -1,0 +1,260 @@
+"""The hot-path HTTP/1.1 client: framing, keep-alive reuse, timeouts, early close, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+
+import pytest
+
+from kthena_router.proxy.upstream import H1Pool, UpstreamClosed, UpstreamConnectError, UpstreamProtocolError, \
+    UpstreamTimeout
+
+Handler = Callable[[bytes, asyncio.StreamWriter], "asyncio.Future[None] | None"]
+
+
+class Server:
+    """A scripted HTTP/1.1 server: `responses` are written one per request, in order."""
+
+    def __init__(self, responses: list[bytes | None], close_after: bool = False) -> None:
+        self.responses = list(responses)
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self.close_after = close_after
+        self.closed = asyncio.Event()
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                body = await reader.readexactly(length)
+                self.requests.append(head + body)
+                resp = self.responses.pop(0) if self.responses else None
+                if resp is None:  # stall until the client goes away
+                    await reader.read()
+                    self.closed.set()
+                    return
+                writer.write(resp)
+                await writer.drain()
+                if self.close_after:
+                    writer.close()
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.closed.set()
+        finally:
+            writer.close()
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+def _chunked(*pieces: bytes) -> bytes:
+    out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    for p in pieces:
+        out += f"{len(p):x}\r\n".encode() + p + b"\r\n"
+    return out + b"0\r\n\r\n"
+
+
+def _fixed(body: bytes, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: " + \
+        str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body
+
+
+async def _request(pool: H1Pool, port: int, body: bytes = b"{}", timeout_s: float | None = 5.0):
+    d = pool.dest("127.0.0.1", port, None, None, "127.0.0.1")
+    conn = await pool.acquire(d)
+    conn.timeout_s = timeout_s
+    conn.send(b"POST /v1/x HTTP/1.1\r\n" + d.host_line + b"content-length: " + str(len(body)).encode()
+              + b"\r\n\r\n", body)
+    return conn, await conn.read_head()
+
+
+def test_chunked_and_content_length_bodies_reuse_one_connection() -> None:
+    async def main() -> None:
+        srv = Server([_chunked(b"data: 1\n\n", b"data: 2\n\n"), _fixed(b'{"a": 1}'), _chunked()])
+        await srv.start()
+        pool = H1Pool(8, 1.0)
+        _, resp = await _request(pool, srv.port)
+        assert resp.status == 200 and resp.content_type == "text/event-stream"
+        assert await resp.read_all() == b"data: 1\n\ndata: 2\n\n"
+        _, resp = await _request(pool, srv.port)
+        assert resp.header(b"content-type") == b"application/json"
+        assert await resp.read_all() == b'{"a": 1}'
+        _, resp = await _request(pool, srv.port)
+        assert await resp.read_all() == b""
+        assert srv.connections == 1
+        assert srv.requests[0].startswith(b"POST /v1/x HTTP/1.1\r\nhost: 127.0.0.1:")
+        await pool.close()
+        await srv.stop()
+
+    asyncio.run(main())
+
+
+def test_chunked_body_split_at_every_byte() -> None:
+    async def main() -> None:
+        raw = _chunked(b"data: hello\n\n", b"x" * 300, b"data: [DONE]\n\n")
+
+        class Slow(Server):
+            async def _conn(self, reader, writer) -> None:  # type: ignore[override]
+                await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(2)
+                for i in range(len(raw)):
+                    writer.write(raw[i:i + 1])
+                    await writer.drain()
+                    await asyncio.sleep(0)
+                await reader.read()
+                writer.close()
+
+        srv = Slow([])
+        await srv.start()
+        pool = H1Pool(8, 1.0)
+        _, resp = await _request(pool, srv.port)
+        assert await resp.read_all() == b"data: hello\n\n" + b"x" * 300 + b"data: [DONE]\n\n"
+        await pool.close()
+        await srv.stop()
+
+    asyncio.run(main())
+
+
+def test_connection_close_and_eof_framed_bodies() -> None:
+    async def main() -> None:
+        srv = Server([b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nuntil eof"], close_after=True)
+        await srv.start()
+        pool = H1Pool(8, 1.0)
+        conn, resp = await _request(pool, srv.port)
+        assert await resp.read_all() == b"until eof"
+        assert conn.closed
+        await pool.close()
+        await srv.stop()
+
+    asyncio.run(main())
+
+
+def test_read_timeout_then_close_reaches_the_server() -> None:
+    async def main() -> None:
+        srv = Server([None])
+        await srv.start()
+        pool = H1Pool(8, 1.0)
+        d = pool.dest("127.0.0.1", srv.port, None, None, "127.0.0.1")
+        conn = await pool.acquire(d)
+        conn.timeout_s = 0.05
+        conn.send(b"POST / HTTP/1.1\r\ncontent-length: 0\r\n\r\n", b"")
+        with pytest.raises(UpstreamTimeout):
+            await conn.read_head()
+        conn.close()
+        await asyncio.wait_for(srv.closed.wait(), 2)
+        await pool.close()
+        await srv.stop()
+
+    asyncio.run(main())
+
+
+def test_cancel_while_waiting_leaves_no_waiter() -> None:
+    async def main() -> None:
+        srv = Server([None])
+        await srv.start()
+        pool = H1Pool(8, 1.0)
+        d = pool.dest("127.0.0.1", srv.port, None, None, "127.0.0.1")
+        conn = await pool.acquire(d)
+        conn.timeout_s = None
+        conn.send(b"POST / HTTP/1.1\r\ncontent-length: 0\r\n\r\n", b"")
+        task = asyncio.ensure_future(conn.read_head())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        conn.close()
+        await asyncio.wait_for(srv.closed.wait(), 2)
+        await pool.close()
+        await srv.stop()
+
+    asyncio.run(main())
+
+
+def test_server_closing_mid_body_is_an_error() -> None:
+    async def main() -> None:
+        srv = Server([b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort"], close_after=True)
+        await srv.start()
+        pool = H1Pool(8, 1.0)
+        _, resp = await _request(pool, srv.port)
+        with pytest.raises(UpstreamClosed):
+            await resp.read_all()
+        await pool.close()
+        await srv.stop()
+
+    asyncio.run(main())
+
+
+def test_not_http_is_a_protocol_error() -> None:
+    async def main() -> None:
+        srv = Server([b"SSH-2.0-OpenSSH\r\n\r\n"])
+        await srv.start()
+        pool = H1Pool(8, 1.0)
+        with pytest.raises(UpstreamProtocolError):
+            await _request(pool, srv.port)
+        await pool.close()
+        await srv.stop()
+
+    asyncio.run(main())
+
+
+def test_refused_connection_is_a_connect_error() -> None:
+    async def main() -> None:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        pool = H1Pool(8, 1.0)
+        with pytest.raises(UpstreamConnectError):
+            await _request(pool, port)
+        assert pool._open == 0
+        await pool.close()
+
+    asyncio.run(main())
+
+
+def test_pool_limit_waits_for_a_free_connection() -> None:
+    async def main() -> None:
+        srv = Server([_fixed(b"1"), _fixed(b"2")])
+        await srv.start()
+        pool = H1Pool(1, 1.0)
+        _, first = await _request(pool, srv.port)
+        second = asyncio.ensure_future(_request(pool, srv.port))
+        await asyncio.sleep(0.05)
+        assert not second.done()  # the only slot is taken
+        assert await first.read_all() == b"1"  # back to the pool: the waiter gets it
+        _, resp = await asyncio.wait_for(second, 2)
+        assert await resp.read_all() == b"2"
+        assert srv.connections == 1
+        await pool.close()
+        await srv.stop()
+
+    asyncio.run(main())
+
+
+def test_interim_100_response_is_skipped_and_tcp_nodelay_set() -> None:
+    async def main() -> None:
+        srv = Server([b"HTTP/1.1 100 Continue\r\n\r\n" + _fixed(b"ok")])
+        await srv.start()
+        pool = H1Pool(8, 1.0)
+        conn, resp = await _request(pool, srv.port)
+        assert resp.status == 200 and await resp.read_all() == b"ok"
+        sock = conn.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        await pool.close()
+        await srv.stop()
+
+    asyncio.run(main())
