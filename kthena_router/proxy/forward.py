@@ -427,32 +427,39 @@ class _Request:
         await send({"type": "http.response.start", "status": 200, "headers": self._start_headers(resp, None)})
         t_first = time.perf_counter()
         self.att_ttft = t_first - self.att_t0
+        # When the engine's body has ended with [DONE] in the bytes at hand, the data goes
+        # out as the final body message (one ASGI send less per request).
+        ended = resp.done and relay.saw_done
         if relay.saw_done:
             self._last_send()
-        await send({"type": "http.response.body", "body": first, "more_body": True})
+        await send({"type": "http.response.body", "body": first, "more_body": not ended})
         t_last = t_first
         failure: Failure | None = None
-        try:
-            while True:
-                chunk = await resp.read_some()
-                if not chunk:
-                    break
-                out = relay.feed(chunk)
-                if out:
-                    if relay.saw_done:
-                        # The client has everything it needs and may hang up now; that
-                        # is a completed request, not a cancellation.
-                        self._last_send()
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-                    t_last = time.perf_counter()
-        except InvalidStream:
-            failure = Failure.INVALID
-        except UpstreamTimeout:
-            failure = Failure.TIMEOUT
-        except (UpstreamError, OSError):
-            failure = Failure.DIED
-        if failure is None and not relay.saw_done:
-            failure = Failure.DIED
+        if not ended:
+            try:
+                while True:
+                    chunk = await resp.read_some()
+                    if not chunk:
+                        break
+                    out = relay.feed(chunk)
+                    if out:
+                        if relay.saw_done:
+                            # The client has everything it needs and may hang up now; that
+                            # is a completed request, not a cancellation.
+                            self._last_send()
+                            ended = resp.done
+                        await send({"type": "http.response.body", "body": out, "more_body": not ended})
+                        t_last = time.perf_counter()
+                        if ended:
+                            break
+            except InvalidStream:
+                failure = Failure.INVALID
+            except UpstreamTimeout:
+                failure = Failure.TIMEOUT
+            except (UpstreamError, OSError):
+                failure = Failure.DIED
+            if failure is None and not relay.saw_done:
+                failure = Failure.DIED
         metrics = self.fw.metrics
         if failure is not None:
             # Bytes reached the client: no retry; end with an error event and no [DONE].
@@ -465,8 +472,9 @@ class _Request:
                                                 f"({failure.value}); the response is incomplete")})
         else:
             ep.health.record_success()
-            self._last_send()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if not ended:
+                self._last_send()
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         path = _path_label(self.path)
         metrics.observe_ttft(self.model_label, path, t_first - self.t0)
         usage = relay.usage
