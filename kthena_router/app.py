@@ -156,7 +156,13 @@ def _kv_sources(state: RouterState, scheduler: Scheduler, args: KvCacheAwareArgs
     return out
 
 
+# Every method reaches our handlers, so that wrong ones get OpenAI-style JSON, not starlette's text.
+_ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"]
+
+
 async def _models(request: Request) -> Response:
+    if request.method not in ("GET", "HEAD"):
+        return error_response(405, f"method {request.method} is not allowed on /v1/models")
     state = request.app.state.holder.current
     if state is None:
         return error_response(503, "router has no configuration loaded yet")
@@ -262,9 +268,9 @@ def create_app(settings: RouterSettings | None = None) -> Any:
         return JSONResponse(matcher.debug_view())
 
     starlette = Starlette(
-        routes=[Route("/v1/models", _models, methods=["GET"]),
+        routes=[Route("/v1/models", _models, methods=_ALL_METHODS),
                 Route("/debug/kv_ownership", _kv_ownership, methods=["GET"]),
-                Route("/{path:path}", _not_found, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"])],
+                Route("/{path:path}", _not_found, methods=_ALL_METHODS)],
         lifespan=lifespan,
     )
     starlette.state.holder = holder

@@ -7,12 +7,13 @@ connection when a request is abandoned (the engine sees the disconnect and abort
 Health probes and metrics scrapes keep using one aiohttp ClientSession (`session`).
 
 Why not aiohttp on the hot path (measured on the 2-core dev VM, 1 worker, fast simulator,
-16-token streamed chat): a profile of the request path showed aiohttp's per-TCP-segment
-response machinery (chunked parser callback, StreamReader.feed_data, per-chunk
+16-token streamed chat): a cProfile of the request path showed aiohttp's per-TCP-segment
+response machinery (chunked-parser callback, StreamReader.feed_data, per-chunk
 resume_reading, _read_nowait_chunk; ~17 segments per reply) plus ClientSession._request
-at about 65% of the app's Python time. With this client the router's CPU per streamed
-request fell from ~0.85 to ~0.6 ms (see the step-1 benchmark notes / the report of this
-change for the tables).
+at about two thirds of the app's Python time. Replacing it: app-only CPU 0.39 -> 0.30 ms
+per request (ASGI app driven in-process); whole router (loadtest.bench_overhead, two
+interleaved runs each) CPU 0.85 -> 0.68-0.73 ms per request and added p50 0.68-0.73 ->
+0.43-0.46 ms at concurrency 1.
 
 Failure mapping (forward.py turns these into retry decisions): `UpstreamConnectError`
 (refused, unreachable, TLS handshake, connect timeout), `UpstreamTimeout` (no byte within

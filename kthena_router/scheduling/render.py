@@ -52,8 +52,11 @@ _LITTLE = sys.byteorder == "little"
 def _json(v: Any) -> str:
     try:
         return orjson.dumps(v, option=_SORTED).decode()
-    except TypeError:  # not JSON (non-string keys, ...): still deterministic
-        return repr(v)
+    except TypeError:  # not JSON (non-string keys, too deep, ...): still deterministic
+        try:
+            return repr(v)
+        except RecursionError:  # deeper than repr goes: such prompts are not worth matching
+            raise ValueError("value nested too deeply to render") from None
 
 
 def _content(out: list[str], content: Any) -> None:

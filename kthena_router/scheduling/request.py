@@ -33,5 +33,5 @@ class RequestInfo:
             return None
         try:
             return render_request(self.obj, self.path == CHAT_PATH)
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, TypeError, AttributeError, RecursionError):  # nesting beyond what we render
             return None

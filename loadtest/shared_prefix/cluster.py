@@ -160,7 +160,10 @@ def start_router(logdir: Path, procs: list[Proc], ports: list[int], policy: Poli
         routes = _with_event_labels(routes, ports, kv_events_base)
     cfg.write_text(routes)
     extra: list[str] = []
-    if sched_yaml is not None:
+    if sched_yaml is not None and policy.config_file is not None \
+            and sched_yaml == policy.scheduler_yaml:
+        extra = [ROUTER_CONFIG_FLAG, str(policy.config_file)]
+    elif sched_yaml is not None:
         sched = logdir / "router-configuration.yaml"
         sched.write_text(sched_yaml)
         extra = [ROUTER_CONFIG_FLAG, str(sched)]

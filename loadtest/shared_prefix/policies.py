@@ -30,6 +30,9 @@ class Policy:
     peer: str | None = None  # "sglang" | "vllm" for kind == "peer"
     note: str = ""
     kv_events: bool = False  # engines publish KV events and the router subscribes
+    # the file scheduler_yaml was read from: passed as is, so that its relative paths
+    # (tokenizers) resolve against its own directory
+    config_file: Path | None = None
 
     @property
     def needs_kv_events(self) -> bool:
@@ -61,7 +64,8 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
            _KV_ARGS + _scorers(("kvcache-aware", 1), ("least-request", 1)).removeprefix("scheduler:\n"),
            note="published winner"),
     # our best configuration: one setting for every regime (configs/scheduling/best.yaml)
-    Policy("best", "router", BEST_CONFIG.read_text(), note="ours, configs/scheduling/best.yaml"),
+    Policy("best", "router", BEST_CONFIG.read_text(), note="ours, configs/scheduling/best.yaml",
+           config_file=BEST_CONFIG),
     Policy("oracle", "oracle", note="ceiling: lowest predicted TTFT, true cache state"),
     Policy("direct", "direct", note="client round-robin straight to the engines"),
     Policy("sglang-cache-aware", "peer", peer="sglang"),

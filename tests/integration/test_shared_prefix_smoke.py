@@ -90,12 +90,12 @@ def test_runner_smoke_round_robin_and_oracle(tmp_path: Path) -> None:
     assert (tmp_path / "ttft_kv0.5.png").stat().st_size > 0
 
 
-# The CI comparison runs a scaled-down `ci` profile: half its groups (32 x 8 requests,
-# concurrency and rate halved with them; KV per engine follows the distinct prefixes, so the
-# published regime's prefix-vs-KV ratio holds). Time scale 8 (the profile's 6 plus margin for
-# a busy 2-core machine): ~20 simulated s -> ~3 wall minutes for both policies.
-CI_ARGS = ("--profile", "ci", "--num-groups", "32", "--request-rate", "100",
-           "--max-concurrency", "38", "--time-scale", "8", "--seeds", "7")
+# The CI comparison: the `ci` profile (64 groups x 8 requests, published prompt shape and
+# per-group load, KV x0.5 = the published regime) at its time scale 6, seed 1: ~35
+# simulated s -> ~4 wall minutes for both policies. Smaller runs shrink the batch per
+# engine, so decode takes a larger share of engine time and the physics' throughput gain
+# approaches 1.5x (docs/benchmarks.md): the margins would be noise.
+CI_ARGS = ("--profile", "ci", "--seeds", "1")
 AWARE = "best"  # our shipped configuration (configs/scheduling/best.yaml)
 
 

@@ -258,3 +258,51 @@ def test_interim_100_response_is_skipped_and_tcp_nodelay_set() -> None:
         await srv.stop()
 
     asyncio.run(main())
+
+
+def test_https_verifies_the_configured_name(tmp_path) -> None:
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not available")
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=engine.test", "-addext",
+                    "subjectAltName=DNS:engine.test"], check=True, capture_output=True)
+
+    async def main() -> None:
+        sctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        sctx.load_cert_chain(str(cert), str(key))
+        heads: list[bytes] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                heads.append(await reader.readuntil(b"\r\n\r\n"))
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                await writer.drain()
+                await reader.read()
+            except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+                pass
+            finally:
+                writer.close()
+
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=sctx)
+        port = srv.sockets[0].getsockname()[1]
+        pool = H1Pool(4, 2.0)
+        trusted = ssl.create_default_context(cafile=str(cert))
+        d = pool.dest("127.0.0.1", port, trusted, "engine.test", "engine.test")
+        conn = await pool.acquire(d)
+        conn.timeout_s = 2.0
+        conn.send(b"POST / HTTP/1.1\r\n" + d.host_line + b"content-length: 0\r\n\r\n", b"")
+        resp = await conn.read_head()
+        assert await resp.read_all() == b"ok"
+        assert heads[0].split(b"\r\n")[1] == f"host: engine.test:{port}".encode()
+        # the system trust store (ssl=True) refuses the self-signed certificate
+        with pytest.raises(UpstreamConnectError):
+            await pool.acquire(pool.dest("127.0.0.1", port, True, "engine.test", "engine.test"))
+        await pool.close()
+        srv.close()
+
+    asyncio.run(main())
