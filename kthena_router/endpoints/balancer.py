@@ -30,6 +30,8 @@ class Balancer(Protocol):
 
     needs_request_info: bool
 
+    async def prepare(self, info: Any) -> None: ...
+
     def candidates(self, key: Any, endpoints: Any, info: Any = None) -> list[Any]: ...
 
     def dispatched(self, ep: Any, info: Any) -> None: ...
@@ -42,6 +44,9 @@ class RoundRobinBalancer:
 
     def __init__(self) -> None:
         self._counters: dict[Hashable, itertools.count[int]] = {}
+
+    async def prepare(self, info: Any) -> None:
+        pass
 
     def dispatched(self, ep: Any, info: Any) -> None:
         pass

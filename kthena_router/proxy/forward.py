@@ -15,6 +15,7 @@ connection (the engine sees the disconnect and aborts).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -68,6 +69,10 @@ _KNOWN_PATHS = frozenset({
 
 _KNOWN_TARGETS = {p: p.encode() for p in _KNOWN_PATHS}
 _REQUEST_TAIL = b" HTTP/1.1\r\n"
+
+
+# Engine management endpoints under /v1 that a client must not reach through the router.
+_ENGINE_ADMIN_PATHS = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
 
 
 def _path_label(path: str) -> str:
@@ -189,6 +194,8 @@ class _Request:
         downstream = None
         try:
             try:
+                if self.path in _ENGINE_ADMIN_PATHS:  # engine management is not for clients
+                    raise RequestError(404, f"no such endpoint: {self.path}")
                 if self.scope["method"] != "POST":
                     raise RequestError(405, f"method {self.scope['method']} is not allowed on {self.path}")
                 raw = await read_body(receive, content_length(raw_headers), self.fw.settings.max_body_bytes)
@@ -212,7 +219,16 @@ class _Request:
                     self._last_send()
                     await send_error(send, err, self.response_headers)
         except ClientDisconnected:
-            self.status, self.error_type = 499, "client_disconnect"
+            # While reading the body. granian reports invalid chunk framing the same way as a
+            # client that left: answer 400 (if the client is gone, the send is a no-op), so
+            # a present client never gets granian's text/plain 500.
+            self.status, self.error_type = 400, "incomplete_body"
+            if not self.committed:
+                self._last_send()
+                with contextlib.suppress(Exception):
+                    await send_error(send, RequestError(400, "request body incomplete or malformed "
+                                                             "(invalid chunked framing or connection closed)"),
+                                     self.response_headers)
         except asyncio.CancelledError:
             if watch is None or not watch.fired:
                 raise
@@ -273,6 +289,7 @@ class _Request:
         if fw.balancer.needs_request_info:
             info = RequestInfo(self.request_id, self.path, body.obj, server.model or match.upstream_model,
                                body.model if match.is_lora else "", body.model)
+            await fw.balancer.prepare(info)
         candidates = fw.balancer.candidates(server.key, targets, info)
         if not candidates:
             fw.prober.probe_soon(targets)

@@ -15,7 +15,7 @@ PROMPT_PATHS = frozenset((CHAT_PATH, "/v1/completions"))
 
 
 class RequestInfo:
-    __slots__ = ("request_id", "path", "obj", "model", "lora", "model_label", "hashes")
+    __slots__ = ("request_id", "path", "obj", "model", "lora", "model_label", "hashes", "tokens", "tokens_ready")
 
     def __init__(self, request_id: str, path: str, obj: Any, model: str, lora: str, model_label: str) -> None:
         self.request_id = request_id
@@ -25,6 +25,28 @@ class RequestInfo:
         self.lora = lora  # adapter name, "" for the base model
         self.model_label = model_label  # the client's model name (metrics label)
         self.hashes: Any = None  # _core.BlockHashes of the prompt, set by the scheduler
+        self.tokens: Any = None  # token ids, when tokenized ahead (off the event loop)
+        self.tokens_ready = False
+
+    def prompt_chars(self) -> int:
+        """A cheap size estimate of the prompt text (decides whether tokenizing may block)."""
+        obj = self.obj
+        if type(obj) is not dict:
+            return 0
+        if self.path == CHAT_PATH:
+            msgs = obj.get("messages")
+            if not isinstance(msgs, list):
+                return 0
+            n = 0
+            for m in msgs:
+                c = m.get("content") if isinstance(m, dict) else None
+                if isinstance(c, str):
+                    n += len(c)
+                elif isinstance(c, list):
+                    n += sum(len(p.get("text") or "") for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
+            return n
+        prompt = obj.get("prompt")
+        return len(prompt) if isinstance(prompt, str) else 0
 
     def prompt(self) -> bytes | None:
         """Canonical prompt bytes, or None when the request has no prompt we understand

@@ -104,6 +104,11 @@ class Scheduler:
         self._kv_fallback_reason = "no_event_subscriber"
 
     # --- configuration / endpoint set ----------------------------------------------------
+    async def prepare(self, info: RequestInfo) -> None:
+        """Work that may block (tokenizing a long prompt) done before candidates(), off the loop."""
+        if self.kv_matcher is not None:
+            await self.kv_matcher.prepare(info)
+
     def set_kv_matcher(self, matcher: KvAwareMatcher | None) -> None:
         self.kv_matcher = matcher
 

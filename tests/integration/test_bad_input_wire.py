@@ -296,8 +296,6 @@ def test_chunked_body_is_accepted(guard: harness.Router, simulator: harness.Simu
     assert engine_total(simulator) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: invalid chunk framing -> granian's text/plain 500 "
-                                        "'Internal server error' instead of a 400")
 def test_invalid_chunked_framing_is_a_client_error(guard: harness.Router, simulator: harness.Simulator) -> None:
     raw = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
            b"zz\r\nabc\r\n0\r\n\r\n")

@@ -189,3 +189,13 @@ def test_metrics_count_requests_and_tokens(router: harness.Router) -> None:
     assert harness.metric_value(after, "kthena_router_request_duration_seconds_count", model="demo") >= 2
     assert "kthena_router_active_upstream_requests" in after
     assert "kthena_router_endpoint_healthy" in after
+
+
+@pytest.mark.parametrize("path", ["/v1/load_lora_adapter", "/v1/unload_lora_adapter"])
+def test_engine_management_paths_are_not_proxied(router: harness.Router, simulator: harness.Simulator,
+                                                 path: str) -> None:
+    r = httpx.post(f"{router.base_url}{path}", json={"model": "demo", "lora_name": "x", "lora_path": "/x"},
+                   timeout=30)
+    assert r.status_code == 404, r.text
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert simulator.received() == [0, 0, 0]

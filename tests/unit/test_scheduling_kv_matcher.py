@@ -97,3 +97,26 @@ def test_event_source_from_labels_or_defaults() -> None:
     labels = {"kthena.io/kv-events-port": "7000", "kthena.io/kv-events-replay-port": "none"}
     assert event_source("::1", labels, args) == EventSource("tcp://[::1]:7000", None)
     assert event_source("10.0.0.5", {"kthena.io/kv-events-port": "x"}, args) is None
+
+
+async def test_long_prompts_are_tokenized_ahead_off_the_loop_with_the_same_result() -> None:
+    from kthena_router.scheduling.kv_matcher import OFFLOAD_CHARS
+
+    m, _ = make()
+    m.set_endpoints({"a:1": (1, NOWHERE)})
+    sink = m.subscribers.sink
+    try:
+        long_info = chat("shared system prompt words " * (OFFLOAD_CHARS // 20))
+        short = chat("short prompt")
+        await m.prepare(long_info)
+        await m.prepare(short)
+        assert long_info.tokens_ready and long_info.tokens is not None
+        assert not short.tokens_ready  # cheaper inline than a thread hop
+        # No await from here on: the (never connecting) subscriber must not reset the table.
+        want = engine_hashes(long_info)
+        sink.set_stream_up("a:1", True)
+        sink.stored("a:1", want[:9])
+        inline = m.match(chat(long_info.obj["messages"][0]["content"]), None, 0)
+        assert m.match(long_info, None, 0) == inline == ([(1, 9)], len(want))
+    finally:
+        await m.close()
