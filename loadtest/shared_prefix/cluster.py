@@ -151,7 +151,8 @@ def _with_event_labels(config: str, ports: list[int], kv_events_base: int) -> st
 
 def start_router(logdir: Path, procs: list[Proc], ports: list[int], policy: Policy,
                  sched_yaml: str | None, timeout_s: float = 60.0,
-                 kv_events_base: int | None = None) -> tuple[str, str]:
+                 kv_events_base: int | None = None,
+                 extra_args: tuple[str, ...] = ()) -> tuple[str, str]:
     """Returns (proxy URL, admin URL)."""
     port, admin = free_ports(2)
     cfg = logdir / "router.yaml"
@@ -169,7 +170,7 @@ def start_router(logdir: Path, procs: list[Proc], ports: list[int], policy: Poli
         extra = [ROUTER_CONFIG_FLAG, str(sched)]
     cmd = [sys.executable, "-m", "kthena_router.cli", "--config", str(cfg), "--host", HOST,
            "--port", str(port), "--admin-host", HOST, "--admin-port", str(admin),
-           "--workers", "1", "--log-level", "warning", *extra, *policy.router_args]
+           "--workers", "1", "--log-level", "warning", *extra, *policy.router_args, *extra_args]
     p = Proc("router", cmd, logdir)
     procs.append(p)
     url = f"http://{HOST}:{port}"
@@ -180,18 +181,16 @@ def start_router(logdir: Path, procs: list[Proc], ports: list[int], policy: Poli
 
 
 def router_counter(admin_url: str, name: str) -> float | None:
-    """Sum of a counter over its label sets in the router's /metrics (None: absent)."""
+    """Sum of a counter over its label sets in the router's /metrics (None: no metrics).
+    Absent counts as 0: in multiprocess mode a counter never incremented has no sample."""
     status, data = http("GET", f"{admin_url}/metrics")
     if status != 200:
         return None
-    total, seen = 0.0, False
+    total = 0.0
     for line in data.decode(errors="replace").splitlines():
-        if line.startswith(f"# TYPE {name} "):
-            seen = True  # declared, no label set yet: 0
-        elif line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
+        if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
             total += float(line.rsplit(" ", 1)[1])
-            seen = True
-    return total if seen else None
+    return total
 
 
 _PEER_ENV = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9",

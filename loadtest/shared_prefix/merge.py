@@ -3,7 +3,8 @@ on a shared machine (one run per policy group or KV factor):
 
     python -m loadtest.shared_prefix.merge --out results/all results/a results/b ...
 
-Rows are (KV factor, policy); a later input's row replaces an earlier one's. Inputs must
+Rows are (KV factor, policy); their cells (seeds) are pooled, a later input's cell replacing
+an earlier one's of the same seed, and the aggregate recomputed. Inputs must
 share profile, workload and time scale (else the figures are not comparable: refused).
 Writes results.json, results.md and the plots as the runner does (TTFT plots from the
 cells' `ttft_samples_s`; cells from runs older than that field are left out of the plots).
@@ -17,9 +18,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import report
+from . import policies, report
 
 _SAME = ("profile", "workload", "time_scale", "engines", "block_size", "model")
+
+
+def _add_row(rows: dict[str, Any], name: str, row: dict[str, Any]) -> None:
+    old = rows.get(name)
+    if old is None or old.get("skipped"):
+        rows[name] = row
+        return
+    if row.get("skipped"):  # a measured row beats a skip
+        return
+    cells = {c["seed"]: c for c in old["cells"]}
+    cells.update({c["seed"]: c for c in row["cells"]})
+    pooled = [cells[k] for k in sorted(cells)]
+    good = [c for c in pooled if c["accepted"]]
+    rows[name] = {"seeds_run": len(pooled), "seeds_ok": len(good),
+                  "aggregate": report.aggregate(good), "cells": pooled}
 
 
 def merge(summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -37,7 +53,11 @@ def merge(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         for block in s["tables"]:
             t = tables.setdefault(block["kv_factor"], {"kv_factor": block["kv_factor"],
                                                        "kv_blocks": block["kv_blocks"], "rows": {}})
-            t["rows"].update(block["rows"])
+            for name, row in block["rows"].items():
+                _add_row(t["rows"], name, row)
+    order = {n: i for i, n in enumerate(policies.DEFAULT_POLICIES)}
+    for t in tables.values():  # the issue's table order, others after
+        t["rows"] = dict(sorted(t["rows"].items(), key=lambda kv: order.get(kv[0], len(order))))
     out["tables"] = [tables[k] for k in sorted(tables)]
     return out
 

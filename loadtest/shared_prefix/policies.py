@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import yaml
+
 # The router CLI's flag for the routerConfiguration file.
 ROUTER_CONFIG_FLAG = "--router-config"
 # Our best configuration, shipped as a file (one setting for every regime; docs/benchmarks.md).
@@ -36,7 +38,19 @@ class Policy:
 
     @property
     def needs_kv_events(self) -> bool:
-        return self.kv_events or "kvcache-aware" in (self.scheduler_yaml or "")
+        return self.kv_events or uses_kv_events(self.scheduler_yaml)
+
+
+def uses_kv_events(scheduler_yaml: str | None) -> bool:
+    """Whether a routerConfiguration enables kvcache-aware (as a Score plugin)."""
+    if not scheduler_yaml:
+        return False
+    doc = yaml.safe_load(scheduler_yaml) or {}
+    if isinstance(doc, dict) and "data" in doc:  # the ConfigMap manifest
+        doc = yaml.safe_load(doc["data"].get("routerConfiguration", "")) or {}
+    score = (((doc.get("scheduler") or {}).get("plugins") or {}).get("Score") or {})
+    return any((e.get("name") if isinstance(e, dict) else e) == "kvcache-aware"
+               for e in score.get("enabled") or [])
 
 
 def _scorers(*names_weights: tuple[str, int], filters: tuple[str, ...] = ()) -> str:
@@ -61,7 +75,8 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("prefix-cache+least-request", "router",
            _scorers(("prefix-cache", 1), ("least-request", 1))),
     Policy("kvcache-aware+least-request", "router",
-           _KV_ARGS + _scorers(("kvcache-aware", 1), ("least-request", 1)).removeprefix("scheduler:\n"),
+           _KV_ARGS + _scorers(("kvcache-aware", 1),
+                               ("least-request", 1)).removeprefix("scheduler:\n"),
            note="published winner"),
     # our best configuration: one setting for every regime (configs/scheduling/best.yaml)
     Policy("best", "router", BEST_CONFIG.read_text(), note="ours, configs/scheduling/best.yaml",

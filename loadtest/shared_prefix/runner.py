@@ -70,6 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--request-timeout", type=float, default=600.0, help="wall seconds")
     p.add_argument("--policy-config", action="append", default=[], metavar="NAME=PATH",
                    help="routerConfiguration file for a policy (replaces the table's)")
+    p.add_argument("--router-arg", action="append", default=[], metavar="ARG",
+                   help="extra CLI argument for our router, e.g. --router-arg=--hot-spot-abs=64")
     # workload overrides (default: the profile's)
     for f, t in (("num-groups", int), ("prompts-per-group", int), ("system-prompt-len", int),
                  ("question-len", int), ("output-len", int), ("request-rate", float),
@@ -138,7 +140,7 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
     oracle: Oracle | None = None
     router_admin: str | None = None
     kv_fallbacks: float | None = None
-    needs_events = pol.needs_kv_events or "kvcache-aware" in (sched_yaml or "")
+    needs_events = pol.kv_events or policies.uses_kv_events(sched_yaml)
     try:
         ev_base = cluster.free_port_block(2 * cluster.N_ENGINES) if needs_events else None
         ports, admin = cluster.start_engines(logdir, procs, blocks, k, seed,
@@ -150,7 +152,8 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
         urls: list[str]
         if pol.kind == "router":
             url, router_admin = cluster.start_router(logdir, procs, ports, pol, sched_yaml,
-                                                     kv_events_base=ev_base)
+                                                     kv_events_base=ev_base,
+                                                     extra_args=tuple(a.router_arg))
             urls = [url]
         elif pol.kind == "peer":
             urls = [cluster.start_peer(logdir, procs, ports, pol.peer or "")]
@@ -237,7 +240,8 @@ async def bench(a: argparse.Namespace, logdir: Path) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "profile": a.profile, "workload": spec.to_json(), "time_scale": a.time_scale,
         "engines": cluster.N_ENGINES, "block_size": cluster.BLOCK_SIZE, "model": cluster.MODEL,
-        "max_lag_fraction": a.max_lag, "seeds": a.seed_list, "tables": [],
+        "max_lag_fraction": a.max_lag, "seeds": a.seed_list, "router_args": a.router_arg,
+        "tables": [],
     }
     a.out.mkdir(parents=True, exist_ok=True)
     for kv_factor in a.kv_list:
