@@ -108,16 +108,20 @@ def load_config_file(path: str | os.PathLike[str]) -> RouterConfig:
     return load_config_bytes(data, source=str(path), base_dir=p.parent)
 
 
+def decode_config_text(data: bytes | str, source: str) -> tuple[str, str]:
+    """(UTF-8 text, sha256 hex digest of the bytes) of a config file's content."""
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        return raw.decode("utf-8"), hashlib.sha256(raw).hexdigest()
+    except UnicodeDecodeError as e:
+        raise ConfigError([ConfigProblem(source, "", "", f"not UTF-8 text (byte {e.start})")]) from None
+
+
 def load_config_bytes(
     data: bytes | str, source: str = "<string>", base_dir: str | os.PathLike[str] | None = None
 ) -> RouterConfig:
     """Validate config content. ``base_dir`` resolves relative token-file paths."""
-    raw = data.encode() if isinstance(data, str) else data
-    digest = hashlib.sha256(raw).hexdigest()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError([ConfigProblem(source, "", "", f"not UTF-8 text (byte {e.start})")]) from None
+    text, digest = decode_config_text(data, source)
     documents: list[Any] = []
     try:
         for doc in yaml.load_all(text, Loader=_StrictLoader):

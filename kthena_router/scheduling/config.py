@@ -22,7 +22,6 @@ broken pipeline; we name the file, document and field instead):
 from __future__ import annotations
 
 import difflib
-import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from typing import Any
 import yaml
 
 from ..config.errors import ConfigError, ConfigProblem
-from ..config.loader import _StrictLoader, _yaml_problem  # same YAML rules as the route config
+from ..config.loader import _StrictLoader, _yaml_problem, decode_config_text  # same rules as the route config
 
 __all__ = [
     "AuthConfig", "EmptyArgs", "KvCacheAwareArgs", "LeastLatencyArgs", "LeastRequestArgs",
@@ -488,12 +487,7 @@ def _is_configmap(d: Any) -> bool:
 def load_router_configuration_bytes(
     data: bytes | str, source: str = "<string>", base_dir: str | os.PathLike[str] | None = None
 ) -> RouterConfiguration:
-    raw = data.encode() if isinstance(data, str) else data
-    digest = hashlib.sha256(raw).hexdigest()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError([ConfigProblem(source, "", "", f"not UTF-8 text (byte {e.start})")]) from None
+    text, digest = decode_config_text(data, source)
     docs = _load_yaml(text, source, "")
     maps = [(i, d) for i, d in enumerate(docs, start=1) if _is_configmap(d) and CONFIGMAP_KEY in d["data"]]
     if len(maps) > 1:
