@@ -32,7 +32,8 @@ from typing import Any
 import yaml
 
 from ..config.errors import ConfigError, ConfigProblem
-from ..config.loader import _StrictLoader, _yaml_problem, decode_config_text  # same rules as the route config
+# Same YAML and value rules as the route config (helpers take any collector with .err()).
+from ..config.loader import _list, _StrictLoader, _type_name, _yaml_problem, decode_config_text
 
 __all__ = [
     "AuthConfig", "EmptyArgs", "KvCacheAwareArgs", "LeastLatencyArgs", "LeastRequestArgs",
@@ -220,11 +221,6 @@ class _Ctx:
         self.warnings.append(str(ConfigProblem(self.file, self.document, path, message)))
 
 
-def _type_name(v: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "null"}.get(type(v), type(v).__name__)
-
-
 def _hint(name: str, known: tuple[str, ...]) -> str:
     close = difflib.get_close_matches(name, known, n=1)
     return f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(known)})"
@@ -240,15 +236,6 @@ def _mapping(c: _Ctx, v: Any, path: str, known: tuple[str, ...]) -> dict[str, An
         if k not in known:
             p = f"{path}.{k}" if path else str(k)
             c.warn(p, f"unknown field, ignored{_hint(str(k), known)}")
-    return v
-
-
-def _list(c: _Ctx, v: Any, path: str) -> list[Any]:
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        c.err(path, f"must be a list, got {_type_name(v)}")
-        return []
     return v
 
 
