@@ -19,47 +19,20 @@
 //! entry (chain tails first, as [`crate::prefix_index`] does) and counts it in
 //! [`KvOwnership::overflow_drops`], a desync signal for the caller.
 //!
-//! Layout as in [`crate::prefix_index`]: a slab of 32-byte nodes linked into the
-//! endpoint's store-order list and the same-hash list, and a `hashbrown::HashTable<u32>`
-//! from hash to the first node.
+//! Layout: the shared owner table (`crate::owner_table`, as for [`crate::prefix_index`])
+//! with the reference count as node payload (32-byte nodes), its recency list kept in store
+//! order, and the stream-down flag as per-endpoint extra state.
 //!
 //! Stream state: an endpoint whose event stream is down (or that lost events) is marked
 //! down; matches skip it and list it in `down`, so the caller falls back to the approximate
 //! prefix index for it. Marking down clears its entries unless told otherwise: after a gap
-//! they cannot be trusted, and a fresh stream starts from the engine's next events.
 
-use hashbrown::{HashMap, HashTable};
-
-const NIL: u32 = u32::MAX;
+use crate::owner_table::{OwnerTable, Touch};
 
 /// Tags of the flat event encoding ([`KvOwnership::apply_flat`]).
 pub const TAG_STORED: u64 = 1;
 pub const TAG_REMOVED: u64 = 2;
 pub const TAG_ALL_CLEARED: u64 = 3;
-
-#[derive(Clone, Copy, Debug)]
-struct Node {
-    hash: u64,
-    /// Store-order neighbours (prev = more recent). Free nodes chain via `next`.
-    prev: u32,
-    next: u32,
-    /// Next node with the same hash (another endpoint).
-    same: u32,
-    ep: u32,
-    /// Copies of this block the endpoint holds.
-    refs: u32,
-}
-
-#[derive(Clone, Debug)]
-struct Endpoint {
-    id: u32,
-    head: u32,
-    tail: u32,
-    len: u32,
-    cap: u32,
-    live: bool,
-    down: bool,
-}
 
 /// One KV event, borrowed from a decoded batch.
 #[derive(Clone, Copy, Debug)]
@@ -72,15 +45,8 @@ pub enum KvEvent<'a> {
 /// See the module docs. Endpoint ids are the caller's `u32`s.
 #[derive(Debug)]
 pub struct KvOwnership {
-    nodes: Vec<Node>,
-    free: u32,
-    table: HashTable<u32>,
-    eps: Vec<Endpoint>,
-    slot_of: HashMap<u32, u32>,
-    free_eps: Vec<u32>,
-    default_cap: u32,
-    scratch: Vec<u32>,
-    entries: usize,
+    /// Payload: copies of the block the endpoint holds. Endpoint extra: stream down.
+    table: OwnerTable<u32, bool>,
     overflow_drops: u64,
     unknown_removals: u64,
 }
@@ -88,15 +54,7 @@ pub struct KvOwnership {
 impl KvOwnership {
     pub fn new(default_capacity: u32) -> Self {
         KvOwnership {
-            nodes: Vec::new(),
-            free: NIL,
-            table: HashTable::new(),
-            eps: Vec::new(),
-            slot_of: HashMap::new(),
-            free_eps: Vec::new(),
-            default_cap: default_capacity,
-            scratch: Vec::new(),
-            entries: 0,
+            table: OwnerTable::new(default_capacity),
             overflow_drops: 0,
             unknown_removals: 0,
         }
@@ -104,22 +62,20 @@ impl KvOwnership {
 
     /// Distinct (hash, endpoint) entries.
     pub fn len(&self) -> usize {
-        self.entries
+        self.table.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries == 0
+        self.table.is_empty()
     }
 
     pub fn endpoint_len(&self, endpoint: u32) -> usize {
-        self.slot_of
-            .get(&endpoint)
-            .map_or(0, |&s| self.eps[s as usize].len as usize)
+        self.table.endpoint_len(endpoint)
     }
 
     /// Known endpoints, in no set order.
     pub fn endpoints(&self) -> Vec<u32> {
-        self.slot_of.keys().copied().collect()
+        self.table.endpoints()
     }
 
     /// Entries dropped because an endpoint exceeded its capacity (missed removals).
@@ -134,206 +90,41 @@ impl KvOwnership {
     }
 
     pub fn memory_bytes(&self) -> usize {
-        self.nodes.capacity() * std::mem::size_of::<Node>()
-            + self.table.allocation_size()
-            + self.eps.capacity() * std::mem::size_of::<Endpoint>()
-            + self.slot_of.allocation_size()
-            + self.free_eps.capacity() * 4
-            + self.scratch.capacity() * 4
-    }
-
-    fn slot(&mut self, endpoint: u32) -> u32 {
-        if let Some(&s) = self.slot_of.get(&endpoint) {
-            return s;
-        }
-        let ep = Endpoint {
-            id: endpoint,
-            head: NIL,
-            tail: NIL,
-            len: 0,
-            cap: self.default_cap,
-            live: true,
-            down: false,
-        };
-        let s = match self.free_eps.pop() {
-            Some(s) => {
-                self.eps[s as usize] = ep;
-                s
-            }
-            None => {
-                self.eps.push(ep);
-                self.scratch.push(0);
-                (self.eps.len() - 1) as u32
-            }
-        };
-        self.slot_of.insert(endpoint, s);
-        s
+        self.table.memory_bytes()
     }
 
     /// Set `endpoint`'s capacity in entries (registering it); drops the oldest above it.
     pub fn set_capacity(&mut self, endpoint: u32, cap: u32) {
-        let s = self.slot(endpoint);
-        self.eps[s as usize].cap = cap;
-        while self.eps[s as usize].len > cap {
-            let t = self.eps[s as usize].tail;
-            self.remove_node(t);
-            self.overflow_drops += 1;
-        }
-    }
-
-    #[inline]
-    fn head_of(&self, hash: u64) -> u32 {
-        let nodes = &self.nodes;
-        self.table
-            .find(hash, |&i| nodes[i as usize].hash == hash)
-            .copied()
-            .unwrap_or(NIL)
-    }
-
-    fn find_node(&self, slot: u32, hash: u64) -> u32 {
-        let mut n = self.head_of(hash);
-        while n != NIL && self.nodes[n as usize].ep != slot {
-            n = self.nodes[n as usize].same;
-        }
-        n
-    }
-
-    fn list_unlink(&mut self, n: u32) {
-        let Node { prev, next, ep, .. } = self.nodes[n as usize];
-        if prev != NIL {
-            self.nodes[prev as usize].next = next;
-        } else {
-            self.eps[ep as usize].head = next;
-        }
-        if next != NIL {
-            self.nodes[next as usize].prev = prev;
-        } else {
-            self.eps[ep as usize].tail = prev;
-        }
-    }
-
-    fn list_push_front(&mut self, n: u32) {
-        let ep = self.nodes[n as usize].ep as usize;
-        let old = self.eps[ep].head;
-        self.nodes[n as usize].prev = NIL;
-        self.nodes[n as usize].next = old;
-        if old != NIL {
-            self.nodes[old as usize].prev = n;
-        } else {
-            self.eps[ep].tail = n;
-        }
-        self.eps[ep].head = n;
-    }
-
-    /// Unlink node `n` from both lists and free it, whatever its reference count.
-    fn remove_node(&mut self, n: u32) {
-        self.list_unlink(n);
-        let Node { hash, same, ep, .. } = self.nodes[n as usize];
-        let nodes = &self.nodes;
-        let mut pred = NIL;
-        if let Ok(entry) = self
-            .table
-            .find_entry(hash, |&i| nodes[i as usize].hash == hash)
-        {
-            let head = *entry.get();
-            if head == n {
-                if same == NIL {
-                    entry.remove();
-                } else {
-                    *entry.into_mut() = same;
-                }
-            } else {
-                pred = head;
-            }
-        }
-        while pred != NIL && self.nodes[pred as usize].same != n {
-            pred = self.nodes[pred as usize].same;
-        }
-        if pred != NIL {
-            self.nodes[pred as usize].same = same;
-        }
-        self.eps[ep as usize].len -= 1;
-        self.entries -= 1;
-        self.nodes[n as usize].next = self.free;
-        self.free = n;
-    }
-
-    fn alloc(&mut self, node: Node) -> u32 {
-        if self.free != NIL {
-            let n = self.free;
-            self.free = self.nodes[n as usize].next;
-            self.nodes[n as usize] = node;
-            n
-        } else {
-            self.nodes.push(node);
-            (self.nodes.len() - 1) as u32
-        }
+        self.overflow_drops += self.table.set_capacity(endpoint, cap) as u64;
     }
 
     /// `BlockStored`: `hashes` in chain order (parent first), as the engine sends them.
     pub fn stored(&mut self, endpoint: u32, hashes: &[u64]) {
-        let s = self.slot(endpoint);
+        let s = self.table.slot(endpoint);
         // Newest-stored-first list, head of the chain most recent: overflow eats tails.
         for &h in hashes.iter().rev() {
-            let head = self.head_of(h);
-            let mut n = head;
-            while n != NIL && self.nodes[n as usize].ep != s {
-                n = self.nodes[n as usize].same;
-            }
-            if n != NIL {
-                let r = &mut self.nodes[n as usize].refs;
-                *r = r.saturating_add(1);
-                if self.eps[s as usize].head != n {
-                    self.list_unlink(n);
-                    self.list_push_front(n);
+            match self.table.touch(s, h, 1) {
+                Touch::Held(n) => {
+                    let r = self.table.payload_mut(n);
+                    *r = r.saturating_add(1);
                 }
-                continue;
+                Touch::Added { evicted } => self.overflow_drops += u64::from(evicted),
+                Touch::NoRoom => self.overflow_drops += 1,
             }
-            if self.eps[s as usize].cap == 0 {
-                self.overflow_drops += 1;
-                continue;
-            }
-            // The dropped node is this endpoint's and not `h`: `head` stays valid.
-            if self.eps[s as usize].len >= self.eps[s as usize].cap {
-                let t = self.eps[s as usize].tail;
-                self.remove_node(t);
-                self.overflow_drops += 1;
-            }
-            let n = self.alloc(Node {
-                hash: h,
-                prev: NIL,
-                next: NIL,
-                same: NIL,
-                ep: s,
-                refs: 1,
-            });
-            if head == NIL {
-                let nodes = &self.nodes;
-                self.table.insert_unique(h, n, |&i| nodes[i as usize].hash);
-            } else {
-                self.nodes[n as usize].same = self.nodes[head as usize].same;
-                self.nodes[head as usize].same = n;
-            }
-            self.list_push_front(n);
-            self.eps[s as usize].len += 1;
-            self.entries += 1;
         }
     }
 
     /// `BlockRemoved`: one copy of each hash is gone.
     pub fn removed(&mut self, endpoint: u32, hashes: &[u64]) {
-        let Some(&s) = self.slot_of.get(&endpoint) else {
+        let Some(s) = self.table.slot_of(endpoint) else {
             self.unknown_removals += hashes.len() as u64;
             return;
         };
         for &h in hashes {
-            let n = self.find_node(s, h);
-            if n == NIL {
-                self.unknown_removals += 1;
-            } else if self.nodes[n as usize].refs > 1 {
-                self.nodes[n as usize].refs -= 1;
-            } else {
-                self.remove_node(n);
+            match self.table.find(s, h) {
+                None => self.unknown_removals += 1,
+                Some(n) if *self.table.payload(n) > 1 => *self.table.payload_mut(n) -= 1,
+                Some(n) => self.table.remove(n),
             }
         }
     }
@@ -341,16 +132,9 @@ impl KvOwnership {
     /// `AllBlocksCleared`: the endpoint holds nothing (it stays registered, with its
     /// capacity and stream state). Returns the entries removed.
     pub fn all_cleared(&mut self, endpoint: u32) -> usize {
-        let Some(&s) = self.slot_of.get(&endpoint) else {
-            return 0;
-        };
-        let mut removed = 0;
-        while self.eps[s as usize].tail != NIL {
-            let t = self.eps[s as usize].tail;
-            self.remove_node(t);
-            removed += 1;
-        }
-        removed
+        self.table
+            .slot_of(endpoint)
+            .map_or(0, |s| self.table.clear_slot(s))
     }
 
     /// Apply a batch in order.
@@ -378,133 +162,51 @@ impl KvOwnership {
 
     /// Purge an endpoint that disappeared; returns the entries removed.
     pub fn remove_endpoint(&mut self, endpoint: u32) -> usize {
-        if !self.slot_of.contains_key(&endpoint) {
-            return 0;
-        }
-        let removed = self.all_cleared(endpoint);
-        let s = self.slot_of.remove(&endpoint).unwrap_or(NIL);
-        self.eps[s as usize].live = false;
-        self.free_eps.push(s);
-        removed
+        self.table.remove_endpoint(endpoint)
     }
 
     /// Mark the endpoint's event stream down (`true`, clearing its entries if `clear`) or up.
     pub fn set_stream_down(&mut self, endpoint: u32, down: bool, clear: bool) {
-        let s = self.slot(endpoint);
-        self.eps[s as usize].down = down;
+        let s = self.table.slot(endpoint);
+        *self.table.extra_mut(s) = down;
         if down && clear {
-            self.all_cleared(endpoint);
+            self.table.clear_slot(s);
         }
     }
 
     pub fn is_stream_down(&self, endpoint: u32) -> bool {
-        self.slot_of
-            .get(&endpoint)
-            .is_some_and(|&s| self.eps[s as usize].down)
+        self.table
+            .slot_of(endpoint)
+            .is_some_and(|s| *self.table.extra(s))
     }
 
     /// Endpoints whose stream is down, in no set order.
     pub fn down_endpoints(&self) -> Vec<u32> {
-        self.slot_of
-            .iter()
-            .filter(|(_, &s)| self.eps[s as usize].down)
-            .map(|(&id, _)| id)
-            .collect()
+        self.table.endpoints_where(|&down| down)
     }
 
     /// Per endpoint whose stream is up, the number of leading blocks of `hashes` it holds
     /// (endpoints with at least one; order unspecified).
     pub fn match_hashes(&mut self, hashes: &[u64], out: &mut Vec<(u32, u32)>) {
-        out.clear();
-        let mut touched: Vec<u32> = Vec::new();
-        for (i, &h) in hashes.iter().enumerate() {
-            let i = i as u32;
-            let mut n = self.head_of(h);
-            let mut advanced = false;
-            while n != NIL {
-                let node = &self.nodes[n as usize];
-                let c = &mut self.scratch[node.ep as usize];
-                if *c == i && !self.eps[node.ep as usize].down {
-                    *c = i + 1;
-                    advanced = true;
-                    if i == 0 {
-                        touched.push(node.ep);
-                    }
-                }
-                n = node.same;
-            }
-            if !advanced {
-                break;
-            }
-        }
-        for s in touched {
-            let c = &mut self.scratch[s as usize];
-            out.push((self.eps[s as usize].id, *c));
-            *c = 0;
-        }
+        self.table.match_hashes(hashes, out, |&down| !down);
     }
 
     /// Reference count of `hash` at `endpoint` (0 if not held). For tests and admin views.
     pub fn refs(&self, endpoint: u32, hash: u64) -> u32 {
-        let Some(&s) = self.slot_of.get(&endpoint) else {
-            return 0;
-        };
-        let n = self.find_node(s, hash);
-        if n == NIL {
-            0
-        } else {
-            self.nodes[n as usize].refs
-        }
+        self.table
+            .slot_of(endpoint)
+            .and_then(|s| self.table.find(s, hash))
+            .map_or(0, |n| *self.table.payload(n))
     }
 
     /// Hashes held by `endpoint`, newest stored first (admin checks against the engine).
     pub fn endpoint_hashes(&self, endpoint: u32) -> Vec<u64> {
-        let mut v = Vec::new();
-        if let Some(&s) = self.slot_of.get(&endpoint) {
-            let mut n = self.eps[s as usize].head;
-            while n != NIL {
-                v.push(self.nodes[n as usize].hash);
-                n = self.nodes[n as usize].next;
-            }
-        }
-        v
+        self.table.endpoint_hashes(endpoint)
     }
 
     #[doc(hidden)]
     pub fn check_invariants(&self) {
-        let mut total = 0usize;
-        for (s, ep) in self.eps.iter().enumerate() {
-            if !ep.live {
-                assert_eq!(ep.len, 0);
-                continue;
-            }
-            assert_eq!(self.slot_of.get(&ep.id), Some(&(s as u32)));
-            let (mut n, mut prev, mut len) = (ep.head, NIL, 0);
-            while n != NIL {
-                let node = &self.nodes[n as usize];
-                assert_eq!(node.ep as usize, s);
-                assert_eq!(node.prev, prev);
-                assert!(node.refs >= 1);
-                assert_eq!(self.find_node(s as u32, node.hash), n);
-                prev = n;
-                n = node.next;
-                len += 1;
-            }
-            assert_eq!(ep.tail, prev);
-            assert_eq!(len, ep.len);
-            assert!(ep.len <= ep.cap);
-            total += len as usize;
-        }
-        assert_eq!(total, self.entries);
-        let mut chained = 0usize;
-        for &head in self.table.iter() {
-            let mut n = head;
-            while n != NIL {
-                chained += 1;
-                n = self.nodes[n as usize].same;
-            }
-        }
-        assert_eq!(chained, self.entries);
+        self.table.check_invariants(|&refs| refs >= 1);
     }
 }
 

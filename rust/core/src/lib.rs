@@ -4,6 +4,7 @@
 
 pub mod json_splice;
 pub mod kv_ownership;
+mod owner_table;
 pub mod policies;
 pub mod prefix_hash;
 pub mod prefix_index;
