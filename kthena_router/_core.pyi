@@ -94,7 +94,7 @@ class Scorer:
         scores: list[tuple[str, float]],
         args: dict[str, dict[str, object]] | None = None,
         *,
-        hot_spot_abs: float = 32.0,
+        hot_spot_abs: float = 64.0,
         hot_spot_rel: float = 1.5,
         max_candidates: int = 0,
     ) -> None: ...

@@ -108,6 +108,18 @@ class RouterMetrics:
             "kthena_router_endpoint_metrics_stale",
             "1 if the endpoint's last metrics scrape failed or is too old (its load counts as unknown)",
             ["endpoint"], multiprocess_mode="livemax", registry=reg)
+        self.hot_spot = Counter(
+            "kthena_router_hot_spot_reorders_total",
+            "Decisions where the hot-spot guard put load before affinity (--hot-spot-abs/-rel)",
+            ["model_server"], registry=reg)
+        self.index_capacity = Gauge(
+            "kthena_router_prefix_index_capacity",
+            "Entries the approximate prefix index keeps for the endpoint (largest over workers)",
+            ["endpoint"], multiprocess_mode="livemax", registry=reg)
+        self.index_bytes_per_token = Gauge(
+            "kthena_router_prefix_index_bytes_per_token",
+            "Prompt bytes per engine token learned from usage reports; sizes the prefix index",
+            multiprocess_mode="livemax", registry=reg)
         self._children: dict[tuple[Any, ...], Any] = {}
 
     # --- cached children --------------------------------------------------------------
@@ -170,6 +182,14 @@ class RouterMetrics:
 
     def set_metrics_stale(self, endpoint: str, stale: bool) -> None:
         self._child(self.metrics_stale, (endpoint,)).set(1 if stale else 0)
+
+    def hot_spot_reorders(self, server: str, n: int) -> None:
+        self._child(self.hot_spot, (server,)).inc(n)
+
+    def set_index_sizing(self, bytes_per_token: float, capacities: dict[str, int]) -> None:
+        self.index_bytes_per_token.set(bytes_per_token)
+        for endpoint, cap in capacities.items():
+            self._child(self.index_capacity, (endpoint,)).set(cap)
 
     # --- kvcache-aware event streams (kept last: metrics.py is edited concurrently)
     def set_kv_stream_up(self, endpoint: str, up: bool) -> None:

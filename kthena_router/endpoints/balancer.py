@@ -38,6 +38,9 @@ class Balancer(Protocol):
 
     def finished(self, ep: Any, ttft_s: float | None = None, tpot_s: float | None = None) -> None: ...
 
+    def observe_prompt_tokens(self, info: Any, prompt_tokens: int) -> None:
+        """The engine reported the request's prompt size (usage.prompt_tokens)."""
+
 
 class RoundRobinBalancer:
     needs_request_info = False
@@ -52,6 +55,9 @@ class RoundRobinBalancer:
         pass
 
     def finished(self, ep: Any, ttft_s: float | None = None, tpot_s: float | None = None) -> None:
+        pass
+
+    def observe_prompt_tokens(self, info: Any, prompt_tokens: int) -> None:
         pass
 
     def candidates(self, key: Hashable, endpoints: Sequence[T], info: Any = None) -> list[T]:

@@ -160,7 +160,8 @@ class _Request:
 
     __slots__ = ("fw", "scope", "t0", "path", "request_id", "fwd_headers", "header_map", "model_label",
                  "route_label", "server_label", "endpoint_label", "status", "error_type", "committed",
-                 "response_headers", "watch", "att_t0", "att_ttft", "att_tpot")
+                 "response_headers", "watch", "att_t0", "att_ttft", "att_tpot",
+                 "att_prompt_tokens")
 
     def __init__(self, fw: Forwarder, scope: Scope, t0: float) -> None:
         self.fw = fw
@@ -183,6 +184,7 @@ class _Request:
         self.att_t0 = 0.0
         self.att_ttft: float | None = None
         self.att_tpot: float | None = None
+        self.att_prompt_tokens: int | None = None  # the engine's usage.prompt_tokens
 
     # --- entry ----------------------------------------------------------------------
 
@@ -340,7 +342,7 @@ class _Request:
         conn: H1Conn | None = None
         resp: Response | None = None
         self.att_t0 = time.perf_counter()
-        self.att_ttft = self.att_tpot = None
+        self.att_ttft = self.att_tpot = self.att_prompt_tokens = None
         fw.balancer.dispatched(ep, info)
         try:
             pool = fw.pool.h1
@@ -369,6 +371,8 @@ class _Request:
         finally:
             gauge.dec()
             fw.balancer.finished(ep, self.att_ttft, self.att_tpot)
+            if info is not None and self.att_prompt_tokens:
+                fw.balancer.observe_prompt_tokens(info, self.att_prompt_tokens)
             # A fully read response has already gone back to the pool (close is a no-op
             # then); otherwise this drops the connection and the engine aborts.
             if resp is not None:
@@ -418,7 +422,8 @@ class _Request:
         if status == 200:
             metrics.observe_ttft(self.model_label, path, now - self.t0)
             if type(usage) is dict:
-                metrics.observe_tokens(self.model_label, path, _int(usage.get("prompt_tokens")),
+                self.att_prompt_tokens = _int(usage.get("prompt_tokens"))
+                metrics.observe_tokens(self.model_label, path, self.att_prompt_tokens,
                                        _int(usage.get("completion_tokens")))
         return None
 
@@ -497,7 +502,8 @@ class _Request:
         usage = relay.usage
         if usage is not None:
             completion = _int(usage.get("completion_tokens"))
-            metrics.observe_tokens(self.model_label, path, _int(usage.get("prompt_tokens")), completion)
+            self.att_prompt_tokens = _int(usage.get("prompt_tokens"))
+            metrics.observe_tokens(self.model_label, path, self.att_prompt_tokens, completion)
             if completion is not None and completion > 1 and failure is None:
                 self.att_tpot = (t_last - t_first) / (completion - 1)
                 metrics.observe_tpot(self.model_label, path, self.att_tpot)

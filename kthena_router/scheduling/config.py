@@ -82,6 +82,10 @@ class PrefixCacheArgs:
     max_hash_cache_size: int | None = None
     # None (absent) = ours: every matching endpoint is scored (Kthena: the top 5).
     top_k_matches: int | None = None
+    # Ours: a request no endpoint holds (best match < half the prompt) scores each
+    # endpoint by the room in its index instead of 0, so new prefixes go where the least
+    # prefix content lives (SGLang's cache-aware router places misses on its smallest tree).
+    balance_misses: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +179,7 @@ _ARG_SPECS: dict[str, tuple[type, _ArgSpec]] = {
         "maxBlocksToMatch": ("max_blocks_to_match", "pos_int"),
         "maxHashCacheSize": ("max_hash_cache_size", "pos_int"),
         "topKMatches": ("top_k_matches", "pos_int"),
+        "balanceMisses": ("balance_misses", "bool"),
     }),
     "kvcache-aware": (KvCacheAwareArgs, {
         "blockSizeToHash": ("block_size_to_hash", "pos_int"),
@@ -281,6 +286,11 @@ def _arg_value(c: _Ctx, v: Any, path: str, kind: str) -> tuple[bool, Any]:
             c.err(path, f"must be a finite number between 0 and 1, got {v!r}")
             return False, None
         return True, float(v)
+    if kind == "bool":
+        if not isinstance(v, bool):
+            c.err(path, f"must be true or false, got {_type_name(v)} {v!r}")
+            return False, None
+        return True, v
     if kind == "str":
         if isinstance(v, bool) or not isinstance(v, (str, int)):
             c.err(path, f"must be a string, got {_type_name(v)} {v!r}")

@@ -15,7 +15,8 @@ PROMPT_PATHS = frozenset((CHAT_PATH, "/v1/completions"))
 
 
 class RequestInfo:
-    __slots__ = ("request_id", "path", "obj", "model", "lora", "model_label", "hashes", "tokens", "tokens_ready")
+    __slots__ = ("request_id", "path", "obj", "model", "lora", "model_label", "hashes", "prompt_bytes", "tokens",
+                 "tokens_ready")
 
     def __init__(self, request_id: str, path: str, obj: Any, model: str, lora: str, model_label: str) -> None:
         self.request_id = request_id
@@ -25,6 +26,7 @@ class RequestInfo:
         self.lora = lora  # adapter name, "" for the base model
         self.model_label = model_label  # the client's model name (metrics label)
         self.hashes: Any = None  # _core.BlockHashes of the prompt, set by the scheduler
+        self.prompt_bytes = 0  # length of the hashed prompt, set with `hashes`
         self.tokens: Any = None  # token ids, when tokenized ahead (off the event loop)
         self.tokens_ready = False
 

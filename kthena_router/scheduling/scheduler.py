@@ -11,7 +11,8 @@ Feeds, all into the Rust Scorer:
   adapters, and the engine's KV capacity, which sizes the endpoint's PrefixIndex LRU;
 - the proxy's own events: `dispatched` (+1 in flight, prefix ownership recorded NOW, not
   when the response ends) and `finished` (-1, observed TTFT/TPOT), so the next request
-  already sees this one.
+  already sees this one; `observe_prompt_tokens` (the engine's usage.prompt_tokens), which
+  teaches the index sizing the traffic's bytes per token (scheduling/index_sizing.py).
 
 Per worker process (granian workers share nothing): the Scorers (in-flight counts, EWMAs),
 the approximate PrefixIndex and the scraper. With N workers each index sees ~1/N of the
@@ -36,6 +37,7 @@ from kthena_router.engine_state.snapshot import EndpointSnapshot
 from kthena_router.metrics import RouterMetrics
 
 from .config import PrefixCacheArgs, SchedulerSettings
+from .index_sizing import IndexSizer
 from .request import RequestInfo
 
 log = logging.getLogger(__name__)
@@ -43,9 +45,9 @@ log = logging.getLogger(__name__)
 # Kthena's maxHashCacheSize default: entries per endpoint while the engine's KV capacity
 # is unknown (no vllm:cache_config_info) and the config sets none.
 DEFAULT_INDEX_CAPACITY = 50_000
-BYTES_PER_TOKEN = 4  # prompt bytes per engine token, to turn KV blocks into byte blocks
 MAX_CANDIDATES = 16  # retries never walk further; keeps the id -> endpoint mapping short
 PREFIX_PLUGINS = ("prefix-cache", "kvcache-aware")
+MISS_FRACTION = 0.5  # balanceMisses: a best match below this share of the prompt is a miss
 _NAN = math.nan
 _best = itemgetter(1)
 
@@ -62,7 +64,7 @@ class KvAwareMatcher(Protocol):
 
 
 class _ServerView:
-    __slots__ = ("key", "label", "scorer", "eps", "by_id")
+    __slots__ = ("key", "label", "scorer", "eps", "by_id", "guard_seen")
 
     def __init__(self, key: ServerKey, scorer: Scorer) -> None:
         self.key = key
@@ -70,6 +72,7 @@ class _ServerView:
         self.scorer = scorer
         self.eps: Sequence[EndpointState] | None = None  # the tuple the view was built for
         self.by_id: dict[int, EndpointState] = {}
+        self.guard_seen = 0  # scorer.hot_spot_count already added to the metric
 
 
 class Scheduler:
@@ -77,7 +80,7 @@ class Scheduler:
 
     needs_request_info = True
 
-    def __init__(self, cfg: SchedulerSettings, metrics: RouterMetrics, *, hot_spot_abs: float = 32.0,
+    def __init__(self, cfg: SchedulerSettings, metrics: RouterMetrics, *, hot_spot_abs: float = 64.0,
                  hot_spot_rel: float = 1.5) -> None:
         self.cfg = cfg
         self.metrics = metrics
@@ -90,14 +93,19 @@ class Scheduler:
         self.prefix_args = pa if isinstance(pa, PrefixCacheArgs) else PrefixCacheArgs()
         self.use_prefix = any(cfg.enabled(n) for n in PREFIX_PLUGINS)
         self.kv_aware = cfg.enabled("kvcache-aware")
+        self.balance_misses = self.use_prefix and self.prefix_args.balance_misses
         self.kv_matcher: KvAwareMatcher | None = None
         fixed = self.prefix_args.max_hash_cache_size
         self.index = PrefixIndex(fixed if fixed is not None else DEFAULT_INDEX_CAPACITY)
+        # Capacity per endpoint follows its engine's KV unless maxHashCacheSize is set.
+        self._sizer = IndexSizer(self.prefix_args.block_size_to_hash) if fixed is None else None
+        self._kv_tokens: dict[int, int] = {}  # endpoint id -> engine KV capacity in tokens
         self._capacity: dict[int, int] = {}
         self._views: dict[ServerKey, _ServerView] = {}
         self._ids: dict[str, int] = {}  # endpoint key "ip:port" -> u32 id (never reused)
         self._next_id = 0
         self._scorers_of: dict[str, list[Scorer]] = {}  # endpoint key -> scorers holding it
+        self._views_of: dict[str, list[_ServerView]] = {}  # endpoint key -> views holding it
         self._seeds: dict[tuple[str, str], int] = {}
         self._lora_ids: dict[str, int] = {}
         self._snapshots: dict[str, EndpointSnapshot] = {}
@@ -132,6 +140,7 @@ class Scheduler:
             ep_id = self._ids.pop(ep_key)
             self.index.remove_endpoint(ep_id)
             self._capacity.pop(ep_id, None)
+            self._kv_tokens.pop(ep_id, None)
             self._snapshots.pop(ep_key, None)
         self._rebuild_scorers_of()
         return list(live.values())
@@ -167,11 +176,12 @@ class Scheduler:
         self._rebuild_scorers_of()
 
     def _rebuild_scorers_of(self) -> None:
-        out: dict[str, list[Scorer]] = {}
+        views: dict[str, list[_ServerView]] = {}
         for view in self._views.values():
             for ep in view.by_id.values():
-                out.setdefault(ep.key, []).append(view.scorer)
-        self._scorers_of = out
+                views.setdefault(ep.key, []).append(view)
+        self._views_of = views
+        self._scorers_of = {k: [v.scorer for v in vs] for k, vs in views.items()}
 
     # --- the hot path --------------------------------------------------------------------
     def candidates(self, key: ServerKey, endpoints: Sequence[EndpointState],
@@ -197,6 +207,9 @@ class Scheduler:
                 lora_id = self._lora_id(info.lora)
             if self.use_prefix:
                 matches, total = self._match(info)
+        best_fraction = max(matches, key=_best)[1] / total if matches and total else 0.0
+        if self.balance_misses and total and best_fraction < MISS_FRACTION:
+            matches = self._room(view, total)
         t1 = time.perf_counter()
         ids = view.scorer.schedule(rid_hash, matches, lora_id, total)
         t2 = time.perf_counter()
@@ -208,7 +221,7 @@ class Scheduler:
         if self.use_prefix:
             m.observe_plugin(model, "prefix-cache", "match", t1 - t0)
             if total:
-                m.observe_prefix_ratio(model, max(matches, key=_best)[1] / total if matches else 0.0)
+                m.observe_prefix_ratio(model, best_fraction)
         m.observe_plugin(model, "pipeline", "schedule", t2 - t1)
         if out:
             m.decision(view.label, out[0].key)
@@ -222,6 +235,7 @@ class Scheduler:
         hashes, matches = self.index.match_prompt(prompt, pa.block_size_to_hash, self._seed(info.model, info.lora),
                                                   pa.max_blocks_to_match)
         info.hashes = hashes
+        info.prompt_bytes = len(prompt)
         total = len(hashes)
         if self.kv_aware:
             if self.kv_matcher is None:
@@ -231,6 +245,19 @@ class Scheduler:
                 if exact is not None:
                     matches, total = exact
         return matches, total
+
+    def _room(self, view: _ServerView, total: int) -> list[tuple[int, int]]:
+        """balanceMisses: a miss's prefix score per endpoint = its index's room, scaled to
+        [0, 1] between the fullest (0) and the emptiest (1) endpoint, as matched blocks.
+        Only on misses (one Python pass over the server's endpoints); equal occupancy (all
+        at capacity, or all empty) leaves the choice to the other plugins."""
+        occ = [(ep_id, self.index.endpoint_len(ep_id)) for ep_id in view.by_id]
+        hi = max(o for _, o in occ)
+        lo = min(o for _, o in occ)
+        if hi == lo:
+            return []
+        span = hi - lo
+        return [(ep_id, round(total * (hi - o) / span)) for ep_id, o in occ if o < hi]
 
     def _seed(self, model: str, lora: str) -> int:
         seed = self._seeds.get((model, lora))
@@ -275,8 +302,13 @@ class Scheduler:
         if prev is None or prev.stale != snap.stale:
             self.metrics.set_metrics_stale(snap.key, snap.stale)
         self._snapshots[snap.key] = snap
-        for scorer in self._scorers_of.get(snap.key, ()):
-            self._push(scorer, ep_id, snap)
+        for view in self._views_of.get(snap.key, ()):
+            self._push(view.scorer, ep_id, snap)
+            # the guard's decisions, counted in Rust, published at scrape pace (not per request)
+            n = view.scorer.hot_spot_count
+            if n != view.guard_seen:
+                self.metrics.hot_spot_reorders(view.label, n - view.guard_seen)
+                view.guard_seen = n
         self._size_index(ep_id, snap)
 
     def _push(self, scorer: Scorer, ep_id: int, snap: EndpointSnapshot) -> None:
@@ -291,16 +323,40 @@ class Scheduler:
         if loras is not None:
             scorer.set_loras(ep_id, [self._lora_id(n) for n in loras], snap.last_max_lora or 0)
 
+    def observe_prompt_tokens(self, info: RequestInfo, prompt_tokens: int) -> None:
+        """The engine's prompt size for a request whose prompt we hashed: learn bytes per
+        token; on a significant change, resize every endpoint's index."""
+        sizer = self._sizer
+        if sizer is None or not info.prompt_bytes:
+            return
+        if sizer.observe(info.prompt_bytes, prompt_tokens):
+            sizer.apply()
+            for ep_id in self._kv_tokens:
+                self._apply_capacity(ep_id)
+            self._publish_sizing()
+
     def _size_index(self, ep_id: int, snap: EndpointSnapshot) -> None:
-        """Per-endpoint index capacity follows the engine's KV capacity unless
-        maxHashCacheSize is set (then the PrefixIndex default already is that size)."""
-        if self.prefix_args.max_hash_cache_size is not None or not snap.num_gpu_blocks:
+        """Record the engine's KV capacity (tokens) and size the endpoint's index from it."""
+        if self._sizer is None or not snap.num_gpu_blocks:
             return
         tokens = snap.num_gpu_blocks * (snap.block_size or 16)
-        cap = max(1, math.ceil(tokens * BYTES_PER_TOKEN / self.prefix_args.block_size_to_hash))
+        if self._kv_tokens.get(ep_id) != tokens:
+            self._kv_tokens[ep_id] = tokens
+            self._apply_capacity(ep_id)
+            self._publish_sizing()
+
+    def _apply_capacity(self, ep_id: int) -> None:
+        assert self._sizer is not None
+        cap = self._sizer.capacity(self._kv_tokens[ep_id])
         if self._capacity.get(ep_id) != cap:
             self._capacity[ep_id] = cap
             self.index.set_capacity(ep_id, cap)
+
+    def _publish_sizing(self) -> None:
+        assert self._sizer is not None
+        by_id = {i: k for k, i in self._ids.items()}
+        self.metrics.set_index_sizing(self._sizer.applied, {by_id[i]: c for i, c in self._capacity.items()
+                                                            if i in by_id})
 
     # --- views for admin/tests -------------------------------------------------------------
     def endpoint_id(self, ep_key: str) -> int | None:

@@ -69,7 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="reject a cell whose lag exceeds this fraction of the run")
     p.add_argument("--request-timeout", type=float, default=600.0, help="wall seconds")
     p.add_argument("--policy-config", action="append", default=[], metavar="NAME=PATH",
-                   help="routerConfiguration file for a policy (replaces the table's)")
+                   help="routerConfiguration file for a policy (replaces the table's); an "
+                        "unknown NAME defines a candidate router policy to list in --policies")
     p.add_argument("--router-arg", action="append", default=[], metavar="ARG",
                    help="extra CLI argument for our router, e.g. --router-arg=--hot-spot-abs=64")
     # workload overrides (default: the profile's)
@@ -81,10 +82,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep-logs", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     a = p.parse_args(argv)
+    # --policy-config: a known name gets its YAML replaced; a new name is a candidate
+    # router policy with that routerConfiguration (to compare variants in one run).
+    a.overrides = {}
+    extra: dict[str, policies.Policy] = {}
+    for kv in a.policy_config:
+        name, sep, path = kv.partition("=")
+        if not sep or not name or not Path(path).is_file():
+            p.error(f"--policy-config wants NAME=PATH with an existing file, got {kv!r}")
+        text = Path(path).read_text()
+        if name in policies.POLICIES:
+            a.overrides[name] = text
+        else:
+            extra[name] = policies.Policy(name, "router", text, note=f"candidate: {path}",
+                                          config_file=Path(path).resolve())
     names = a.policies.split(",") if a.policies else list(
         policies.SWEEP_POLICIES if a.sweep else policies.DEFAULT_POLICIES)
     try:
-        a.policy_list = [policies.get(n.strip()) for n in names if n.strip()]
+        a.policy_list = [extra.get(n.strip()) or policies.get(n.strip()) for n in names if n.strip()]
     except ValueError as e:
         p.error(str(e))
     a.seed_list = [int(s) for s in a.seeds.split(",") if s.strip()]
@@ -92,12 +107,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         a.kv_list = [float(x) for x in a.kv_factors.split(",")]
     else:
         a.kv_list = list(SWEEP_FACTORS) if a.sweep else [cluster.PUBLISHED_REGIME]
-    a.overrides = {}
-    for kv in a.policy_config:
-        name, sep, path = kv.partition("=")
-        if not sep or name not in policies.POLICIES:
-            p.error(f"--policy-config wants NAME=PATH with a known policy, got {kv!r}")
-        a.overrides[name] = Path(path).read_text()
     if a.time_scale is None:
         a.time_scale = DEFAULT_TIME_SCALE[a.profile]
     return a
@@ -140,6 +149,7 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
     oracle: Oracle | None = None
     router_admin: str | None = None
     kv_fallbacks: float | None = None
+    hot_spot: float | None = None
     needs_events = pol.kv_events or policies.uses_kv_events(sched_yaml)
     try:
         ev_base = cluster.free_port_block(2 * cluster.N_ENGINES) if needs_events else None
@@ -188,6 +198,11 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
             # requests that kvcache-aware scored without exact event data (should be ~0)
             kv_fallbacks = await asyncio.to_thread(
                 cluster.router_counter, router_admin, "kthena_router_kvcache_aware_fallback_total")
+        if router_admin is not None and sched_yaml:
+            # the hot-spot guard's reorders, published at the router's scrape pace (1 s)
+            await asyncio.sleep(1.2)
+            hot_spot = await asyncio.to_thread(
+                cluster.router_counter, router_admin, "kthena_router_hot_spot_reorders_total")
     finally:
         if oracle is not None:
             await oracle.stop()
@@ -221,6 +236,8 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
     }
     # kept so that merged runs can redraw the TTFT distributions (merge.py)
     cell["ttft_samples_s"] = [round(x, 5) for x in ttfts]
+    if hot_spot is not None:
+        cell["hot_spot_reorders"] = hot_spot
     if needs_events:
         cell["kv_events"] = True
         cell["kvcache_aware_fallbacks"] = kv_fallbacks

@@ -23,16 +23,15 @@ HIT_MARGIN = 0.12  # prefix-cache over round-robin, absolute (observed 0.23-0.27
 HIT_MARGIN_2W = 0.05  # 2 workers: each has its own approximate index (observed 0.07-0.27)
 TTFT_RATIO = 0.9  # prefix-cache mean TTFT / round-robin's (observed ~0.7)
 
-PREFIX_CONFIG = f"""\
+# The index is sized by the router: engine KV (vllm:cache_config_info) x learned bytes per
+# token (the workload's one-token words: ~11 B/token, far from the 4 B/token prior).
+PREFIX_CONFIG = """\
 scheduler:
-  pluginConfig:
-  - name: prefix-cache
-    args: {{maxHashCacheSize: {KV_BLOCKS * 16 * 4 // 64}}}   # ~ the engine's KV in 64-byte blocks
   plugins:
     Score:
       enabled:
-      - {{name: prefix-cache, weight: 1}}
-      - {{name: least-request, weight: 1}}
+      - {name: prefix-cache, weight: 1}
+      - {name: least-request, weight: 1}
 """
 
 
@@ -104,6 +103,13 @@ def test_prefix_cache_beats_round_robin(router_workers: int, tmp_path: Path) -> 
         assert harness.metric_value(fams, "kthena_router_scheduler_plugin_duration_seconds_count",
                                     plugin="pipeline") == 2 * len(bodies)
         assert harness.metric_value(fams, "kthena_router_scheduler_decisions_total") == 2 * len(bodies)
+        # the index learned the traffic's bytes per token from the engines' usage reports
+        # (the workload's words are ~10.8 B/token; the prior is 4)
+        bpt = harness.metric_value(fams, "kthena_router_prefix_index_bytes_per_token")
+        assert 8 < bpt < 13, bpt
+        for port in sim.ports:
+            cap = harness.metric_value(fams, "kthena_router_prefix_index_capacity", endpoint=f"127.0.0.1:{port}")
+            assert cap == pytest.approx(KV_BLOCKS * 16 * bpt * 2 / 64, rel=0.01), (port, cap)
         rr.stop()
         pc.stop()
     finally:

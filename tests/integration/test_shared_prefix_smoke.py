@@ -74,10 +74,16 @@ def assert_prefix_aware_wins(summary: dict[str, Any], aware: str, baseline: str)
 
 
 def test_runner_smoke_round_robin_and_oracle(tmp_path: Path) -> None:
-    s = run_runner(tmp_path, "--profile", "tiny", "--policies", "round-robin,oracle",
-                   "--seeds", "1", "--max-lag", "1e9", timeout_s=300)
-    for p in ("round-robin", "oracle"):
+    # `cand`: a candidate routerConfiguration named on the command line (not in the table)
+    cand = ROOT / "configs" / "scheduling" / "prefix-cache.yaml"
+    s = run_runner(tmp_path, "--profile", "tiny", "--policies", "round-robin,oracle,cand",
+                   "--policy-config", f"cand={cand}", "--seeds", "1", "--max-lag", "1e9",
+                   timeout_s=300)
+    for p in ("round-robin", "oracle", "cand"):
         check_consistent(s, p)
+    # a router with a scheduler reports its hot-spot guard decisions (a count, maybe 0)
+    assert row(s, "cand")["cells"][0]["hot_spot_reorders"] >= 0
+    assert "hot_spot_reorders" not in row(s, "round-robin")["cells"][0]
     oracle_cell = row(s, "oracle")["cells"][0]
     assert oracle_cell["oracle_cache_source"] in ("model", "admin")
     assert mean(s, "oracle", "hit_rate") >= mean(s, "round-robin", "hit_rate") + HIT_MARGIN
@@ -88,6 +94,13 @@ def test_runner_smoke_round_robin_and_oracle(tmp_path: Path) -> None:
     except ImportError:
         return
     assert (tmp_path / "ttft_kv0.5.png").stat().st_size > 0
+
+
+def test_runner_refuses_a_candidate_without_a_file(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "loadtest.shared_prefix.runner", "--out", str(tmp_path),
+           "--policies", "cand", "--policy-config", f"cand={tmp_path / 'missing.yaml'}"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--policy-config wants NAME=PATH with an existing file" in p.stderr
 
 
 # The CI comparison: the `ci` profile (64 groups x 8 requests, published prompt shape and

@@ -126,7 +126,7 @@ def test_removed_endpoints_are_purged_and_capacity_follows_kv():
     s, _ = sched(cfg("prefix-cache"))
     eps = endpoints(3)
     fresh(s, eps)
-    s.on_snapshot(snap(eps[0], blocks=4))  # 64 tokens * 4 B / 64 B per block = 4 entries
+    s.on_snapshot(snap(eps[0], blocks=2))  # 32 tokens * 4 B * headroom 2 / 64 B per block = 4
     for i in range(6):
         info = chat(f"r{i}", f"question {i}")
         s.candidates(KEY, eps, info)
@@ -165,3 +165,100 @@ def test_round_robin_plugin_and_no_prompt_paths():
     emb = RequestInfo("e", "/v1/embeddings", {"model": "demo", "input": "x"}, "demo", "", "demo")
     firsts = [s.candidates(KEY, eps, emb)[0].key for _ in range(6)]
     assert len(set(firsts)) == 3
+
+
+def test_index_capacity_learns_bytes_per_token_from_usage():
+    """The engine's prompt_tokens teach the index how many prompt bytes one KV token is:
+    long-word prompts (12 B/token here) need 3x the entries of the 4 B/token prior."""
+    s, m = sched(cfg("prefix-cache", "least-request"))
+    eps = endpoints(2)
+    fresh(s, eps)
+    s.on_snapshot(snap(eps[0], blocks=1000))  # 16000 tokens
+    id0 = s.endpoint_id(eps[0].key)
+    cap0 = 16000 * 4 * 2 // 64
+    assert s._capacity[id0] == cap0
+
+    def gauge(name: str, **labels: str) -> float | None:
+        return m.registry.get_sample_value(name, labels)
+
+    assert gauge("kthena_router_prefix_index_capacity", endpoint=eps[0].key) == cap0
+    assert gauge("kthena_router_prefix_index_bytes_per_token") == 4.0
+    for i in range(400):
+        info = chat(f"r{i}", f"question {i}")
+        s.candidates(KEY, eps, info)
+        assert info.prompt_bytes > len(SYSTEM)
+        s.observe_prompt_tokens(info, round(info.prompt_bytes / 12))
+    bpt = gauge("kthena_router_prefix_index_bytes_per_token")
+    assert bpt is not None and 11.0 < bpt < 12.5
+    cap = s._capacity[id0]
+    assert cap == gauge("kthena_router_prefix_index_capacity", endpoint=eps[0].key)
+    assert 2.7 * cap0 < cap < 3.2 * cap0
+    # a fixed maxHashCacheSize is never resized
+    f, _ = sched("scheduler:\n  pluginConfig:\n  - name: prefix-cache\n    args: {maxHashCacheSize: 7}\n"
+                 "  plugins:\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n")
+    fresh(f, eps)
+    f.on_snapshot(snap(eps[0], blocks=1000))
+    info = chat("f", "q")
+    f.candidates(KEY, eps, info)
+    f.observe_prompt_tokens(info, 1)
+    assert f._capacity == {}
+
+
+BALANCE = ("scheduler:\n  pluginConfig:\n  - name: prefix-cache\n    args: {balanceMisses: true}\n"
+           "  plugins:\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n"
+           "      - {name: least-request, weight: 1}\n")
+
+
+def test_balance_misses_places_new_prefixes_on_the_emptiest_index():
+    eps = endpoints(3)
+    on, _ = sched(BALANCE)
+    off, _ = sched(cfg("prefix-cache", "least-request"))
+    for s in (on, off):
+        fresh(s, eps)
+        # eps[0] holds two prefixes, eps[1] one, eps[2] none
+        for i, ep in enumerate((eps[0], eps[0], eps[1])):
+            info = RequestInfo(f"seed{i}", "/v1/completions", {"prompt": f"{i} " + "x" * 4000}, "demo", "", "demo")
+            s.candidates(KEY, eps, info)
+            s.dispatched(ep, info)
+            s.finished(ep)
+    new = [RequestInfo(f"n{i}", "/v1/completions", {"prompt": f"new{i} " + "y" * 4000}, "demo", "", "demo")
+           for i in range(30)]
+    assert {on.candidates(KEY, eps, info)[0].key for info in new} == {eps[2].key}
+    assert len({off.candidates(KEY, eps, info)[0].key for info in new}) == 3  # spread by request id
+    # a hit is unaffected: the prefix stays where it is
+    hit = RequestInfo("h", "/v1/completions", {"prompt": "2 " + "x" * 4000 + " more"}, "demo", "", "demo")
+    assert on.candidates(KEY, eps, hit)[0] is eps[1]
+    # equal occupancy everywhere: the other plugins decide (request-id spread again)
+    even, _ = sched(BALANCE)
+    fresh(even, eps)
+    assert len({even.candidates(KEY, eps, info)[0].key for info in new}) == 3
+
+
+def test_balance_misses_is_validated():
+    import pytest
+
+    from kthena_router.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="balanceMisses.*true or false"):
+        sched(BALANCE.replace("true", "'yes'"))
+
+
+def test_hot_spot_guard_decisions_are_counted_per_server():
+    cfg_ = load_router_configuration_bytes(cfg("prefix-cache", "least-request").encode(), source="t.yaml")
+    m = RouterMetrics(CollectorRegistry())
+    s = Scheduler(cfg_.scheduler, m, hot_spot_abs=4, hot_spot_rel=1.5)
+    eps = endpoints(2)
+    s.sync({KEY: eps})
+    s.on_snapshot(snap(eps[0], running=10))
+    s.on_snapshot(snap(eps[1], running=0))
+    owned = chat("own", "the question")
+    s.candidates(KEY, eps, owned)
+    s.dispatched(eps[0], owned)
+    # affinity says eps[0], which is 10+ requests busier: the guard puts load first
+    assert s.candidates(KEY, eps, chat("again", "the question"))[0] is eps[1]
+    name = "kthena_router_hot_spot_reorders_total"
+    assert m.registry.get_sample_value(name, {"model_server": "default/demo"}) is None
+    s.on_snapshot(snap(eps[0], running=10))  # published at scrape pace
+    assert m.registry.get_sample_value(name, {"model_server": "default/demo"}) == 1.0
+    s.on_snapshot(snap(eps[1], running=0))
+    assert m.registry.get_sample_value(name, {"model_server": "default/demo"}) == 1.0

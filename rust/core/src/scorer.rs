@@ -100,7 +100,7 @@ impl Default for ScorerConfig {
             filters: Vec::new(),
             scores: Vec::new(),
             args: Vec::new(),
-            hot_spot_abs: 32.0,
+            hot_spot_abs: 64.0,
             hot_spot_rel: 1.5,
             max_candidates: 0,
         }

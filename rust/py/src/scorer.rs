@@ -35,7 +35,7 @@ pub struct Scorer {
 #[pymethods]
 impl Scorer {
     #[new]
-    #[pyo3(signature = (filters, scores, args=None, *, hot_spot_abs=32.0, hot_spot_rel=1.5, max_candidates=0))]
+    #[pyo3(signature = (filters, scores, args=None, *, hot_spot_abs=64.0, hot_spot_rel=1.5, max_candidates=0))]
     fn new(
         filters: Vec<String>,
         scores: Vec<(String, f64)>,
