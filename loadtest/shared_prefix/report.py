@@ -103,6 +103,11 @@ def plot_ttft(path: Path, ttfts: dict[str, list[float]], title: str) -> bool:
     return True
 
 
+def _color_index(i: int) -> int:
+    """tab20: the 10 dark shades first, then the 10 light ones (distinct up to 20)."""
+    return (2 * i) % 20 + (i // 10) % 2
+
+
 def plot_sweep(path: Path, summary: dict[str, Any]) -> bool:
     """req/s and mean TTFT against the KV factor, one line per policy (min-max bars)."""
     try:
@@ -114,6 +119,8 @@ def plot_sweep(path: Path, summary: dict[str, Any]) -> bool:
         return False
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     names = sorted({n for b in summary["tables"] for n in b["rows"]})
+    # the default cycle has 10 colours: 11+ policies would share one
+    colors = plt.get_cmap("tab20").colors
     for ax, m, label in ((axes[0], "req_s", "req/s"), (axes[1], "ttft_mean_s", "mean TTFT (s)")):
         for name in names:
             xs, ys, lo, hi = [], [], [], []
@@ -127,7 +134,8 @@ def plot_sweep(path: Path, summary: dict[str, Any]) -> bool:
                 lo.append(a["mean"] - a["min"])
                 hi.append(a["max"] - a["mean"])
             if xs:
-                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=name)
+                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=name,
+                            color=colors[_color_index(names.index(name))])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("KV capacity per engine (x computed)")
         ax.set_ylabel(label)
