@@ -468,3 +468,17 @@ def metric_value(families: dict[str, Any], sample_name: str, **labels: str) -> f
             if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items()):
                 total += s.value
     return total
+
+
+def chat_ok(router: Router, http: Any, model: str = "demo") -> None:
+    """One small chat completion through the router succeeds with content (a liveness probe
+    for suites that throw bad input at it)."""
+    r = http.post(f"{router.openai_url}/chat/completions",
+                  json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["choices"][0]["message"]["content"]
+
+
+def engine_total(sim: Simulator) -> int:
+    """Requests the simulator's engines have received so far."""
+    return sum(sim.received())

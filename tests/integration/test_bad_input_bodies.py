@@ -64,17 +64,6 @@ def assert_openai_error(r: httpx.Response, sim: harness.Simulator, status: int |
     return err
 
 
-def engine_total(sim: harness.Simulator) -> int:
-    return sum(sim.received())
-
-
-def chat_ok(router: harness.Router, http: httpx.Client) -> None:
-    r = http.post(f"{router.openai_url}/chat/completions",
-                  json={"model": "demo", "messages": MSGS, "max_tokens": 2})
-    assert r.status_code == 200, r.text[:300]
-    assert r.json()["choices"][0]["message"]["content"]
-
-
 @pytest.fixture
 def http() -> Iterator[httpx.Client]:
     with httpx.Client(timeout=TIMEOUT) as client:
@@ -90,9 +79,9 @@ def guard(router: harness.Router, simulator: harness.Simulator, http: httpx.Clie
     assert router.process.alive(), router.process.tail()
     assert router.readyz().status_code == 200
     for _ in range(2 * router.workers):  # both workers (round robin of connections is not
-        chat_ok(router, http)            # guaranteed, so several fresh requests)
+        harness.chat_ok(router, http)    # guaranteed, so several fresh requests)
     with httpx.Client(timeout=TIMEOUT) as fresh:
-        chat_ok(router, fresh)
+        harness.chat_ok(router, fresh)
     assert sorted(router.worker_pids()) == pids, "a router worker was restarted"
 
 
@@ -126,12 +115,16 @@ def _reject(name: str) -> Any:
 
 
 def _has_inf(value: Any) -> bool:
-    if isinstance(value, float):
-        return value in (float("inf"), float("-inf"))
-    if isinstance(value, dict):
-        return any(_has_inf(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_inf(v) for v in value)
+    # iterative: json.loads accepts nesting deeper than a recursive walk's stack allows
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float) and v in (float("inf"), float("-inf")):
+            return True
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
     return False
 
 
@@ -169,7 +162,7 @@ def test_invalid_json_or_not_an_object_is_400(guard: harness.Router, simulator: 
                                                http: httpx.Client, raw: bytes, path: str) -> None:
     r = post(http, guard, path, raw)
     assert_openai_error(r, simulator, 400, param=None)
-    assert engine_total(simulator) == 0
+    assert harness.engine_total(simulator) == 0
 
 
 @FUZZ
@@ -178,7 +171,7 @@ def test_json_that_is_not_an_object_is_400(guard: harness.Router, simulator: har
                                            http: httpx.Client, value: Any) -> None:
     r = post(http, guard, CHAT, json.dumps(value).encode())
     assert_openai_error(r, simulator, 400, param=None)
-    assert engine_total(simulator) == 0
+    assert harness.engine_total(simulator) == 0
 
 
 @pytest.mark.parametrize("ctype", ["application/json", None, "text/plain"])
@@ -186,7 +179,7 @@ def test_empty_body_is_400(guard: harness.Router, simulator: harness.Simulator, 
                            ctype: str | None) -> None:
     for path in (CHAT, COMPL):
         assert_openai_error(post(http, guard, path, b"", ctype), simulator, 400)
-    assert engine_total(simulator) == 0
+    assert harness.engine_total(simulator) == 0
 
 
 # --- wrong types, one field at a time -------------------------------------------------
@@ -229,7 +222,7 @@ def test_wrong_type_for_one_field_is_400_naming_it(guard: harness.Router, simula
     body[field] = value
     r = post(http, guard, path, json.dumps(body).encode())
     assert_openai_error(r, simulator, 400, param=field)
-    assert engine_total(simulator) == 0
+    assert harness.engine_total(simulator) == 0
 
 
 @pytest.mark.parametrize(("path", "missing"), [(CHAT, "model"), (COMPL, "model"), (CHAT, "messages"),
@@ -239,7 +232,7 @@ def test_missing_required_field_is_400(guard: harness.Router, simulator: harness
     body = _valid(path) if path in (CHAT, COMPL) else {"model": "demo", "input": "x"}
     body.pop(missing)
     assert_openai_error(post(http, guard, path, json.dumps(body).encode()), simulator, 400, param=missing)
-    assert engine_total(simulator) == 0
+    assert harness.engine_total(simulator) == 0
 
 
 @FUZZ
@@ -251,7 +244,7 @@ def test_unknown_model_is_404(guard: harness.Router, simulator: harness.Simulato
     raw = json.dumps(body, ensure_ascii=not _surrogate_free(model)).encode()
     err = assert_openai_error(post(http, guard, path, raw), simulator, 404, param="model")
     assert err["code"] in (404, "model_not_found"), err
-    assert engine_total(simulator) == 0
+    assert harness.engine_total(simulator) == 0
 
 
 # --- odd but valid requests reach an engine, unchanged -----------------------------------
@@ -267,7 +260,7 @@ odd_unknown_fields = st.dictionaries(
 def test_odd_valid_requests_are_served(guard: harness.Router, simulator: harness.Simulator,
                                        http: httpx.Client, extra: dict[str, Any], path: str, text: str) -> None:
     """Unicode/NUL text, huge integers and nested values in unknown fields: the engine serves them."""
-    before = engine_total(simulator)
+    before = harness.engine_total(simulator)
     body = _valid(path)
     if path == CHAT:
         body["messages"] = [{"role": "user", "content": text}]
@@ -277,7 +270,7 @@ def test_odd_valid_requests_are_served(guard: harness.Router, simulator: harness
     r = post(http, guard, path, json.dumps(body, ensure_ascii=False).encode())
     assert r.status_code == 200, r.text[:300]
     assert r.json()["usage"]["completion_tokens"] == 1
-    assert engine_total(simulator) == before + 1
+    assert harness.engine_total(simulator) == before + 1
 
 
 @pytest.mark.parametrize(
@@ -317,7 +310,7 @@ def test_duplicate_escaped_and_odd_spellings(guard: harness.Router, simulator: h
     r = post(http, guard, COMPL, raw)
     if status != 200:
         assert_openai_error(r, simulator, status)
-        assert engine_total(simulator) == 0
+        assert harness.engine_total(simulator) == 0
         return
     assert r.status_code == 200, r.text[:300]
     assert_no_leak(r.text, simulator)
@@ -342,10 +335,10 @@ def test_wrong_content_type(guard: harness.Router, simulator: harness.Simulator,
     request for a refused one."""
     r = post(http, guard, COMPL, json.dumps(_valid(COMPL)).encode(), ctype)
     if r.status_code == 200:
-        assert engine_total(simulator) == 1
+        assert harness.engine_total(simulator) == 1
     else:
         assert_openai_error(r, simulator, {400, 415})
-        assert engine_total(simulator) == 0
+        assert harness.engine_total(simulator) == 0
 
 
 # --- methods and paths ---------------------------------------------------------------
@@ -360,7 +353,7 @@ def test_wrong_method_on_post_only_path_is_405(guard: harness.Router, simulator:
         assert r.status_code == 405 and r.content == b"", (r.status_code, r.content[:100])
     else:
         assert_openai_error(r, simulator, 405)
-    assert engine_total(simulator) == 0
+    assert harness.engine_total(simulator) == 0
 
 
 @pytest.mark.parametrize(("method", "path"), [
@@ -375,7 +368,7 @@ def test_wrong_method_on_get_only_path_is_405(guard: harness.Router, simulator: 
     r = http.request(method, f"{guard.base_url}{path}")
     expected = {405} if path == "/v1/models" and method != "PUT" and method != "DELETE" else {404, 405}
     assert_openai_error(r, simulator, expected)
-    assert engine_total(simulator) == 0
+    assert harness.engine_total(simulator) == 0
 
 
 @FUZZ_SMALL
@@ -387,7 +380,7 @@ def test_paths_outside_v1_are_404(guard: harness.Router, simulator: harness.Simu
     url = httpx.URL(guard.base_url).copy_with(path=f"/{seg}")
     r = http.request(method, url, content=b'{"model": "demo"}')
     assert_openai_error(r, simulator, 404)
-    assert engine_total(simulator) == 0
+    assert harness.engine_total(simulator) == 0
 
 
 @FUZZ_SMALL
@@ -396,10 +389,10 @@ def test_paths_outside_v1_are_404(guard: harness.Router, simulator: harness.Simu
 def test_unknown_v1_path_without_model_is_400_and_with_model_reaches_engine(
         guard: harness.Router, simulator: harness.Simulator, http: httpx.Client, seg: str) -> None:
     url = f"{guard.base_url}/v1/{seg}"
-    before = engine_total(simulator)
+    before = harness.engine_total(simulator)
     r = http.post(url, content=b'{"input": "x"}')
     assert_openai_error(r, simulator, 400, param="model")
-    assert engine_total(simulator) == before
+    assert harness.engine_total(simulator) == before
     r = http.post(url, content=b'{"model": "demo", "input": "x"}')
     # forwarded by design; the engine's own 4xx passes through, whatever it is
     assert r.status_code < 500, r.text[:300]
@@ -418,7 +411,7 @@ def test_long_url_and_header_values(guard: harness.Router, simulator: harness.Si
     assert r.status_code in (404, 414), r.status_code
     if r.status_code == 404:
         assert_openai_error(r, simulator, 404)
-    assert engine_total(simulator) == 1
+    assert harness.engine_total(simulator) == 1
 
 
 # --- body size limit (413) on a router with a small limit -------------------------------
@@ -449,7 +442,7 @@ def test_body_over_limit_is_413(small_limit_router: harness.Router, simulator: h
     pids = sorted(r.worker_pids())
     ok = post(http, r, COMPL, _padded(LIMIT))
     assert ok.status_code == 200, ok.text[:200]
-    assert engine_total(simulator) == 1
+    assert harness.engine_total(simulator) == 1
     # declared length over the limit
     assert_openai_error(post(http, r, COMPL, _padded(LIMIT + 1)), simulator, 413)
     assert_openai_error(post(http, r, CHAT, b"x" * (LIMIT * 50)), simulator, 413)
@@ -471,9 +464,9 @@ def test_body_over_limit_is_413(small_limit_router: harness.Router, simulator: h
     assert head.startswith(b"HTTP/1.1 413 "), data[:300]
     err = json.loads(payload)["error"]
     assert err["code"] == 413 and set(err) == {"message", "type", "param", "code"}, err
-    assert engine_total(simulator) == 1
+    assert harness.engine_total(simulator) == 1
     assert sorted(r.worker_pids()) == pids
-    chat_ok(r, http)
+    harness.chat_ok(r, http)
 
 
 # --- the scheduling path (prefix-cache renders the prompt of every request) -------------
@@ -541,4 +534,4 @@ def test_scheduler_deeply_nested_prompt_parts(sched_router: harness.Router, simu
     r = post(http, sched_router, CHAT, raw.encode())
     assert r.status_code < 500, r.text[:300]
     assert_no_leak(r.text, simulator)
-    chat_ok(sched_router, http)
+    harness.chat_ok(sched_router, http)

@@ -141,16 +141,6 @@ def request(path: bytes, body: bytes, *, method: bytes = b"POST", version: bytes
     return head + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
 
 
-def engine_total(sim: harness.Simulator) -> int:
-    return sum(sim.received())
-
-
-def chat_ok(router: harness.Router, http: httpx.Client) -> None:
-    r = http.post(f"{router.openai_url}/chat/completions",
-                  json={"model": "demo", "messages": MSGS, "max_tokens": 2})
-    assert r.status_code == 200, r.text[:300]
-
-
 @pytest.fixture
 def guard(router: harness.Router, simulator: harness.Simulator) -> Iterator[harness.Router]:
     pids = sorted(router.worker_pids())
@@ -160,7 +150,7 @@ def guard(router: harness.Router, simulator: harness.Simulator) -> Iterator[harn
     assert router.readyz().status_code == 200
     for _ in range(2 * router.workers):
         with httpx.Client(timeout=IO_TIMEOUT) as http:  # fresh connections: any worker may take them
-            chat_ok(router, http)
+            harness.chat_ok(router, http)
     assert sorted(router.worker_pids()) == pids, "a router worker was restarted"
 
 
@@ -199,7 +189,7 @@ def test_client_goes_away_mid_request(guard: harness.Router, simulator: harness.
                     assert reply.status >= 400, reply
         finally:
             s.close()
-    assert engine_total(simulator) == 0
+    assert harness.engine_total(simulator) == 0
 
 
 def test_slow_clients_do_not_block_others(guard: harness.Router, simulator: harness.Simulator) -> None:
@@ -230,7 +220,7 @@ def test_slow_clients_do_not_block_others(guard: harness.Router, simulator: harn
         for s in held:
             _rst(s)
             s.close()
-    assert engine_total(simulator) == 3
+    assert harness.engine_total(simulator) == 3
 
 
 # --- framing ---------------------------------------------------------------------------------
@@ -250,7 +240,7 @@ def test_pipelined_requests_answered_in_order(guard: harness.Router, simulator: 
     for r in replies:
         assert_no_leak(r.body, simulator)
     assert json.loads(replies[1].body)["usage"]["completion_tokens"] == 1
-    assert engine_total(simulator) == 1
+    assert harness.engine_total(simulator) == 1
 
 
 @pytest.mark.parametrize(("first", "status"), [
@@ -268,7 +258,7 @@ def test_body_that_looks_like_a_request_is_not_one(guard: harness.Router, simula
     replies = exchange(guard, raw)
     assert [r.status for r in replies] == [status, 404], replies
     assert b"/other-path" in replies[1].body
-    assert engine_total(simulator) == 0
+    assert harness.engine_total(simulator) == 0
 
 
 def test_http10_requests(guard: harness.Router, simulator: harness.Simulator) -> None:
@@ -279,7 +269,7 @@ def test_http10_requests(guard: harness.Router, simulator: harness.Simulator) ->
     bad[0].json_error()
     missing = exchange(guard, request(b"/v1/chat/completions", b'{"model": "demo"}', version=b"HTTP/1.0"))
     assert missing[0].status == 400 and missing[0].json_error()["param"] == "messages"
-    assert engine_total(simulator) == 1
+    assert harness.engine_total(simulator) == 1
 
 
 def test_chunked_body_is_accepted(guard: harness.Router, simulator: harness.Simulator) -> None:
@@ -293,14 +283,14 @@ def test_chunked_body_is_accepted(guard: harness.Router, simulator: harness.Simu
            + b"%x\r\n%s\r\n0\r\n\r\n" % (len(bad), bad))
     replies = exchange(guard, raw)
     assert [r.status for r in replies] == [400] and replies[0].json_error()["param"] == "model", replies
-    assert engine_total(simulator) == 1
+    assert harness.engine_total(simulator) == 1
 
 
 def test_invalid_chunked_framing_is_a_client_error(guard: harness.Router, simulator: harness.Simulator) -> None:
     raw = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
            b"zz\r\nabc\r\n0\r\n\r\n")
     replies = exchange(guard, raw)
-    assert engine_total(simulator) == 0
+    assert harness.engine_total(simulator) == 0
     for r in replies:
         assert_no_leak(r.body, simulator)
     assert [r.status for r in replies] == [400], replies
@@ -335,7 +325,7 @@ def test_protocol_errors(guard: harness.Router, simulator: harness.Simulator, ra
     assert_no_leak(data, simulator)
     for reply in parse_replies(data) if data.startswith(b"HTTP/") else []:
         assert 400 <= reply.status < 500, reply
-    assert engine_total(simulator) == 0
+    assert harness.engine_total(simulator) == 0
 
 
 def test_huge_header_value(guard: harness.Router, simulator: harness.Simulator) -> None:

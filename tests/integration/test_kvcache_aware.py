@@ -10,7 +10,6 @@ endpoint whose event stream stops falls back (metric) and requests still succeed
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 import harness
+from loadtest.shared_prefix.cluster import free_port_block
 from loadtest.shared_prefix.workload import WorkloadSpec, generate
 from .test_scheduling_plugins import KV_BLOCKS, run_workload
 
@@ -42,27 +42,6 @@ scheduler:
       - {{name: kvcache-aware, weight: 1}}
       - {{name: least-request, weight: 1}}
 """
-
-
-def free_port_block(n: int) -> int:
-    """A base port with n consecutive free ports (the simulator's --kv-events-port-base)."""
-    for _ in range(50):
-        base = harness.free_port()
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind((harness.HOST, p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports")
 
 
 def config_docs(ports: list[int], kv_base: int) -> list[dict[str, Any]]:
