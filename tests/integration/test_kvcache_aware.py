@@ -19,7 +19,7 @@ import pytest
 import harness
 from loadtest.shared_prefix.cluster import free_port_block
 from loadtest.shared_prefix.workload import WorkloadSpec, generate
-from .test_scheduling_plugins import KV_BLOCKS, run_workload
+from .test_scheduling_plugins import KV_BLOCKS, compare_interleaved
 
 TOKENIZER = harness.REPO / "loadtest" / "simulator" / "tokenizer" / "tokenizer.json"
 HIT_MARGIN = 0.25  # kvcache-aware over round-robin, absolute (observed 0.37-0.43)
@@ -111,13 +111,7 @@ def test_exact_affinity_beats_round_robin_and_table_equals_engine_cache(setup: A
                         output_len=16, seed=11)
     bodies = [r.chat_body("demo") for r in generate(spec)]
     f0 = fallbacks(kv)
-    rows: dict[str, list[tuple[float, float]]] = {"rr": [], "kv": []}
-    for name, router in (("rr", rr), ("kv", kv), ("rr", rr), ("kv", kv)):
-        rows[name].append(run_workload(sim, router, bodies))
-    hit_rr = sum(h for h, _ in rows["rr"]) / 2
-    hit_kv = sum(h for h, _ in rows["kv"]) / 2
-    ttft_rr = sum(t for _, t in rows["rr"]) / 2
-    ttft_kv = sum(t for _, t in rows["kv"]) / 2
+    hit_rr, hit_kv, ttft_rr, ttft_kv, rows = compare_interleaved(sim, rr, kv, bodies)
     print(f"kvcache-aware: hit {hit_kv:.3f} vs round-robin {hit_rr:.3f}; TTFT ratio {ttft_kv / ttft_rr:.2f}; {rows}")
     assert hit_kv >= hit_rr + HIT_MARGIN, rows
     assert ttft_kv <= TTFT_RATIO * ttft_rr, rows
