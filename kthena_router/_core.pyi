@@ -1,6 +1,6 @@
 """Typed stub of the Rust extension (rust/py). Only bytes and ints cross the boundary."""
 
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 __version__: str
 
@@ -69,11 +69,11 @@ class Scorer:
     `schedule` call per request. Endpoint ids are u32. Not for concurrent use from several
     threads (one per worker / event loop).
 
-    `filters`: `plugins.Filter.enabled` (least-request, lora-affinity); `scores`:
-    `plugins.Score.enabled` as (name, weight); `args`: `pluginConfig` as {name: {arg: value}}
-    (numbers, bools or numeric strings; others are ignored with a warning). Plugins: random,
-    round-robin, least-request, least-latency, gpu-usage, prefix-cache, kvcache-aware,
-    lora-affinity; session-affinity and cost-aware are refused. ValueError on a bad config.
+    `filters`: `plugins.Filter.enabled`; `scores`: `plugins.Score.enabled` as (name,
+    weight); `args`: `pluginConfig` as {name: {arg: value}} (numbers, bools or numeric
+    strings; others are ignored with a warning). Plugins, their roles and arguments:
+    `plugin_registry()`; `refused_plugins()` are refused. ValueError on a bad config,
+    including an argument outside its spec's bounds.
 
     Scores are in [0, 1], combined as a weighted mean; ties are broken by a hash of
     (request_id_hash, endpoint id). Unknown is worst: an endpoint is stale until its first
@@ -139,6 +139,37 @@ class Scorer:
         `PrefixIndex.match_prompt(...)[1]`, or KvOwnership's merged with it for endpoints
         whose event stream is down); both prefix-cache and kvcache-aware score the matched
         fraction. Unknown endpoint ids are ignored."""
+
+# --- plugin registry ------------------------------------------------------------------
+
+class ArgSpecDict(TypedDict):
+    name: str  # Kthena's spelling in pluginConfig[].args
+    field: str  # the Python field name (snake_case)
+    kind: Literal["int", "float", "bool", "str", "map"]
+    default: int | float | bool | str | dict[str, str] | None  # None = absent
+    min: float | None
+    max: float | None
+    out_of_range: Literal["default", "reject"]  # "default": warn, use the default
+    kthena: bool  # Kthena's argument (True) or ours
+    reader: Literal["policy", "router"]  # the Rust policy, or the router around the scorer
+    paths: bool  # map values are file paths
+
+class PluginDict(TypedDict):
+    name: str
+    score: bool  # may be listed under plugins.Score
+    filter: bool  # may be listed under plugins.Filter
+    affinity: bool  # enables the hot-spot guard
+    prefix_input: bool  # scores the caller's per-request prefix match
+    args: list[ArgSpecDict]
+
+def plugin_registry() -> list[PluginDict]:
+    """Every implemented scheduler plugin, in registry order: the one list the Python
+    configuration loader derives plugin names and argument validation from. `Scorer`
+    checks the numeric args of reader "policy" by the same specs and accepts "router"
+    ones silently; other keys draw a warning."""
+
+def refused_plugins() -> list[tuple[str, str]]:
+    """Kthena plugins recognised but not implemented: (name, reason)."""
 
 # --- KV-event ownership ---------------------------------------------------------------
 

@@ -34,6 +34,7 @@ import yaml
 from ..config.errors import ConfigError, ConfigProblem
 # Same YAML and value rules as the route config (helpers take any collector with .err()).
 from ..config.loader import _list, _StrictLoader, _type_name, _yaml_problem, decode_config_text
+from .plugins import FILTER_PLUGINS, PLUGINS, REFUSED_PLUGINS, SCORE_PLUGINS, ArgSpec, arg_default, args_class
 
 __all__ = [
     "AuthConfig", "EmptyArgs", "KvCacheAwareArgs", "LeastLatencyArgs", "LeastRequestArgs",
@@ -43,17 +44,16 @@ __all__ = [
 ]
 
 CONFIGMAP_KEY = "routerConfiguration"  # data key of Kthena's kthena-router-config ConfigMap
-SCORE_PLUGINS = ("random", "round-robin", "least-request", "least-latency", "gpu-usage",
-                 "prefix-cache", "kvcache-aware", "lora-affinity")
-FILTER_PLUGINS = ("least-request", "lora-affinity")  # Kthena's filter registry
-REFUSED_PLUGINS = {
-    "session-affinity": "session-affinity (sticky sessions by header) is not supported yet",
-    "cost-aware": "cost-aware (token-budget reservations) is not supported yet",
-}
+# Plugin names, roles and argument specs come from the Rust registry (.plugins).
 _ALL_NAMES = SCORE_PLUGINS + tuple(REFUSED_PLUGINS)
 
 
 # --------------------------------------------------------------------------- model
+
+
+# Resolved pluginConfig arguments. Field names, order and defaults are the registry's
+# (rust/core/src/policies, documented there); args_class checks that they match. A plugin
+# without a class here gets one generated from its specs.
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,50 +63,35 @@ class EmptyArgs:
 
 @dataclass(frozen=True, slots=True)
 class LeastRequestArgs:
-    max_waiting_requests: int = 10  # Kthena's default; the filter keeps waiting < this
+    max_waiting_requests: int = arg_default("least-request", "maxWaitingRequests")
 
 
 @dataclass(frozen=True, slots=True)
 class LeastLatencyArgs:
-    ttft_tpot_weight_factor: float = 0.5  # Kthena's default; 1 = TTFT only, 0 = TPOT only
+    ttft_tpot_weight_factor: float = arg_default("least-latency", "TTFTTPOTWeightFactor")
 
 
 @dataclass(frozen=True, slots=True)
 class PrefixCacheArgs:
-    block_size_to_hash: int = 64  # bytes per block (Kthena: 64 = 16 tokens x ~4 bytes)
-    # Ours: 2048 blocks = 128 KiB of prompt (Kthena: 128 = 8 KiB, too short for RAG/agents;
-    # matching is one Rust call, so longer chains cost little).
-    max_blocks_to_match: int = 2048
-    # None (absent) = ours: each endpoint's capacity follows its engine's KV capacity.
-    # Set (Kthena: 50000): that many entries per endpoint.
-    max_hash_cache_size: int | None = None
-    # None (absent) = ours: every matching endpoint is scored (Kthena: the top 5).
-    top_k_matches: int | None = None
-    # Ours: a request no endpoint holds (best match < half the prompt) scores each
-    # endpoint by the room in its index instead of 0, so new prefixes go where the least
-    # prefix content lives (SGLang's cache-aware router places misses on its smallest tree).
-    balance_misses: bool = False
+    block_size_to_hash: int = arg_default("prefix-cache", "blockSizeToHash")
+    max_blocks_to_match: int = arg_default("prefix-cache", "maxBlocksToMatch")
+    max_hash_cache_size: int | None = arg_default("prefix-cache", "maxHashCacheSize")
+    top_k_matches: int | None = arg_default("prefix-cache", "topKMatches")
+    balance_misses: bool = arg_default("prefix-cache", "balanceMisses")
 
 
 @dataclass(frozen=True, slots=True)
 class KvCacheAwareArgs:
-    block_size_to_hash: int = 16  # tokens per block: must equal the engines' block size
-    max_blocks_to_match: int = 8192  # ours: 128k tokens at 16 (Kthena: 128 = 2k tokens)
-    # Kthena's remote /tokenize ports: parsed and kept, unused (we tokenize locally).
-    vllm_tokenizer_port: int | None = None
-    sglang_tokenizer_port: int | None = None
-    # Ours: served model name -> tokenizer.json (absolute; relative paths in the file are
-    # resolved against the config file's directory; a directory means <dir>/tokenizer.json).
+    block_size_to_hash: int = arg_default("kvcache-aware", "blockSizeToHash")
+    max_blocks_to_match: int = arg_default("kvcache-aware", "maxBlocksToMatch")
+    vllm_tokenizer_port: int | None = arg_default("kvcache-aware", "vllmTokenizerPort")
+    sglang_tokenizer_port: int | None = arg_default("kvcache-aware", "sglangTokenizerPort")
     tokenizers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    tokenizer_chunk_chars: int = 4096  # prefix-cache granularity of the tokenizer cache
-    tokenizer_cache_tokens: int = 2_000_000  # per model and worker; ~9 bytes each (ids + chunk text)
-    # Ours: the engines' PYTHONHASHSEED (vLLM's NONE_HASH); engines must run with
-    # --prefix-caching-hash-algo sha256_cbor and this fixed seed for exact matching.
-    hash_seed: str = "0"
-    # Ours: where an endpoint publishes KV events unless its labels say otherwise
-    # (kthena.io/kv-events-port, kthena.io/kv-events-replay-port); vLLM's defaults.
-    kv_events_port: int = 5557
-    kv_events_replay_port: int = 5558
+    tokenizer_chunk_chars: int = arg_default("kvcache-aware", "tokenizerChunkChars")
+    tokenizer_cache_tokens: int = arg_default("kvcache-aware", "tokenizerCacheTokens")
+    hash_seed: str = arg_default("kvcache-aware", "hashSeed")
+    kv_events_port: int = arg_default("kvcache-aware", "kvEventsPort")
+    kv_events_replay_port: int = arg_default("kvcache-aware", "kvEventsReplayPort")
 
 
 PluginArgs = EmptyArgs | LeastRequestArgs | LeastLatencyArgs | PrefixCacheArgs | KvCacheAwareArgs
@@ -129,11 +114,13 @@ class SchedulerSettings:
     scores_disabled: tuple[str, ...] = ()
 
     def scorer_args(self) -> dict[str, dict[str, object]]:
-        """`pluginConfig` in the shape `_core.Scorer(args=...)` takes: Kthena's argument
-        names, resolved values (None = absent, left out)."""
+        """`pluginConfig` in the shape `_core.Scorer(args=...)` takes: the numeric arguments
+        by Kthena's names, resolved values (None = absent, left out). The scorer checks
+        those its policies read and accepts the router's (registry reader "router")."""
         out: dict[str, dict[str, object]] = {}
         for name, a in self.args.items():
-            kv = {k: v for k, v in _kthena_items(a) if v is not None and k in _SCORER_KEYS}
+            kv = {s.name: v for s in PLUGINS[name].args
+                  if s.kind in ("int", "float") and (v := getattr(a, s.field)) is not None}
             if kv:
                 out[name] = kv
         return out
@@ -169,43 +156,10 @@ DEFAULT_SCORES = (ScorePlugin("least-request", 1.0), ScorePlugin("gpu-usage", 1.
 
 # --------------------------------------------------------------------------- arguments
 
-# Kthena argument name -> (our field, kind); kind: "pos_int" | "port" | "unit_float" | ...
-_ArgSpec = dict[str, tuple[str, str]]
-_ARG_SPECS: dict[str, tuple[type, _ArgSpec]] = {
-    "least-request": (LeastRequestArgs, {"maxWaitingRequests": ("max_waiting_requests", "pos_int")}),
-    "least-latency": (LeastLatencyArgs, {"TTFTTPOTWeightFactor": ("ttft_tpot_weight_factor", "unit_float")}),
-    "prefix-cache": (PrefixCacheArgs, {
-        "blockSizeToHash": ("block_size_to_hash", "pos_int"),
-        "maxBlocksToMatch": ("max_blocks_to_match", "pos_int"),
-        "maxHashCacheSize": ("max_hash_cache_size", "pos_int"),
-        "topKMatches": ("top_k_matches", "pos_int"),
-        "balanceMisses": ("balance_misses", "bool"),
-    }),
-    "kvcache-aware": (KvCacheAwareArgs, {
-        "blockSizeToHash": ("block_size_to_hash", "pos_int"),
-        "maxBlocksToMatch": ("max_blocks_to_match", "pos_int"),
-        "vllmTokenizerPort": ("vllm_tokenizer_port", "port"),
-        "sglangTokenizerPort": ("sglang_tokenizer_port", "port"),
-        "tokenizers": ("tokenizers", "paths"),
-        "tokenizerChunkChars": ("tokenizer_chunk_chars", "pos_int"),
-        "tokenizerCacheTokens": ("tokenizer_cache_tokens", "pos_int"),
-        "hashSeed": ("hash_seed", "str"),
-        "kvEventsPort": ("kv_events_port", "port"),
-        "kvEventsReplayPort": ("kv_events_replay_port", "port"),
-    }),
-}
-for _n in ("random", "round-robin", "gpu-usage", "lora-affinity"):
-    _ARG_SPECS[_n] = (EmptyArgs, {})
-
-
-# Arguments the Rust Scorer reads; the others configure tokenization or are unused.
-_SCORER_KEYS = frozenset(("maxWaitingRequests", "TTFTTPOTWeightFactor", "blockSizeToHash",
-                          "maxBlocksToMatch", "maxHashCacheSize", "topKMatches"))
-
-
-def _kthena_items(a: PluginArgs) -> list[tuple[str, Any]]:
-    spec = next(s for cls, s in _ARG_SPECS.values() if cls is type(a))
-    return [(k, getattr(a, f)) for k, (f, _) in spec.items()]
+_DECLARED: dict[str, type] = {"least-request": LeastRequestArgs, "least-latency": LeastLatencyArgs,
+                              "prefix-cache": PrefixCacheArgs, "kvcache-aware": KvCacheAwareArgs}
+_ARG_CLASSES: dict[str, type] = {
+    n: args_class(n, _DECLARED.get(n)) if p.args else EmptyArgs for n, p in PLUGINS.items()}
 
 
 # --------------------------------------------------------------------------- loader
@@ -267,25 +221,38 @@ def _plugin_name(c: _Ctx, v: Any, path: str, allowed: tuple[str, ...], role: str
     return name
 
 
-def _arg_value(c: _Ctx, v: Any, path: str, kind: str) -> tuple[bool, Any]:
-    """(ok, value); ok=False with a warning means: use the default."""
-    if kind in ("pos_int", "port"):
+def _bounds(spec: ArgSpec) -> str:
+    lo, hi = spec.min, spec.max
+    if lo is not None and hi is not None:
+        return f"between {lo:g} and {hi:g}"
+    return f">= {lo:g}" if lo is not None else f"<= {hi:g}" if hi is not None else "finite"
+
+
+def _in_range(c: _Ctx, v: int | float, path: str, spec: ArgSpec, what: str) -> bool:
+    lo = spec.min if spec.min is not None else float("-inf")
+    hi = spec.max if spec.max is not None else float("inf")
+    if lo <= v <= hi and v == v and abs(v) != float("inf"):  # NaN and infinities fail too
+        return True
+    if spec.out_of_range == "default":
+        c.warn(path, f"{v} is out of range, the default is used (as Kthena does)")
+    else:  # Kthena rejects the file here as well
+        c.err(path, f"must be {what} {_bounds(spec)}, got {v!r}")
+    return False
+
+
+def _arg_value(c: _Ctx, v: Any, path: str, spec: ArgSpec) -> tuple[bool, Any]:
+    """(ok, value) by the registry's spec; ok=False with a warning means: use the default."""
+    kind = spec.kind
+    if kind == "int":
         if isinstance(v, bool) or not isinstance(v, int):
             c.err(path, f"must be an integer, got {_type_name(v)} {v!r}")
             return False, None
-        hi = 65535 if kind == "port" else None
-        if v <= 0 or (hi is not None and v > hi):
-            c.warn(path, f"{v} is out of range, the default is used (as Kthena does)")
-            return False, None
-        return True, v
-    if kind == "unit_float":
+        return (True, v) if _in_range(c, v, path, spec, "an integer") else (False, None)
+    if kind == "float":
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             c.err(path, f"must be a number, got {_type_name(v)} {v!r}")
             return False, None
-        if not 0.0 <= float(v) <= 1.0:  # NaN fails too; Kthena rejects the file here as well
-            c.err(path, f"must be a finite number between 0 and 1, got {v!r}")
-            return False, None
-        return True, float(v)
+        return (True, float(v)) if _in_range(c, v, path, spec, "a finite number") else (False, None)
     if kind == "bool":
         if not isinstance(v, bool):
             c.err(path, f"must be true or false, got {_type_name(v)} {v!r}")
@@ -296,46 +263,48 @@ def _arg_value(c: _Ctx, v: Any, path: str, kind: str) -> tuple[bool, Any]:
             c.err(path, f"must be a string, got {_type_name(v)} {v!r}")
             return False, None
         return True, str(v)  # YAML may read a numeric seed as an int
-    # "paths": model name -> tokenizer.json
+    # "map": name -> string; with spec.paths, model name -> tokenizer.json
+    what = "of model name to tokenizer.json path" if spec.paths else "of names to strings"
     if not isinstance(v, dict):
-        c.err(path, f"must be a mapping of model name to tokenizer.json path, got {_type_name(v)}")
+        c.err(path, f"must be a mapping {what}, got {_type_name(v)}")
         return False, None
     out: dict[str, str] = {}
-    for model, p in v.items():
-        if not isinstance(model, str) or not model:
-            c.err(path, f"model names must be non-empty strings, got {model!r}")
+    for key, p in v.items():
+        if not isinstance(key, str) or not key:
+            c.err(path, f"{'model names' if spec.paths else 'keys'} must be non-empty strings, got {key!r}")
             continue
-        mp = f'{path}["{model}"]'
-        s = _str(c, p, mp)
+        s = _str(c, p, f'{path}["{key}"]')
         if s is None:
             continue
-        resolved = (c.base_dir / os.path.expanduser(s)).resolve()
-        if resolved.is_dir():
-            resolved = resolved / "tokenizer.json"
-        out[model] = str(resolved)  # existence is checked when the tokenizer is loaded
+        if spec.paths:
+            resolved = (c.base_dir / os.path.expanduser(s)).resolve()
+            if resolved.is_dir():
+                resolved = resolved / "tokenizer.json"
+            s = str(resolved)  # existence is checked when the tokenizer is loaded
+        out[key] = s
     return True, MappingProxyType(out)
 
 
 def _plugin_args(c: _Ctx, name: str, raw: Any, path: str) -> PluginArgs | None:
-    cls, spec = _ARG_SPECS[name]
-    m = _mapping(c, raw, path, tuple(spec))
+    specs = PLUGINS[name].args
+    m = _mapping(c, raw, path, tuple(s.name for s in specs))
     if m is None:
         return None
     kwargs: dict[str, Any] = {}
     for key, value in m.items():
-        if key in spec and value is not None:
-            our, kind = spec[key]
-            ok, val = _arg_value(c, value, f"{path}.{key}", kind)
+        spec = PLUGINS[name].arg(key)
+        if spec is not None and value is not None:
+            ok, val = _arg_value(c, value, f"{path}.{key}", spec)
             if ok:
-                kwargs[our] = val
-    return cls(**kwargs)
+                kwargs[spec.field] = val
+    return _ARG_CLASSES[name](**kwargs)  # type: ignore[no-any-return]
 
 
 def _scheduler(c: _Ctx, v: Any) -> SchedulerSettings | None:
     m = _mapping(c, v, "scheduler", ("pluginConfig", "plugins"))
     if m is None:
         return None
-    args: dict[str, PluginArgs] = {n: cls() for n, (cls, _) in _ARG_SPECS.items()}
+    args: dict[str, PluginArgs] = {n: cls() for n, cls in _ARG_CLASSES.items()}
     raw_args: dict[str, Mapping[str, Any]] = {}
     for i, item in enumerate(_list(c, m.get("pluginConfig"), "scheduler.pluginConfig")):
         p = f"scheduler.pluginConfig[{i}]"
@@ -351,7 +320,7 @@ def _scheduler(c: _Ctx, v: Any) -> SchedulerSettings | None:
         if name in REFUSED_PLUGINS:
             c.warn(f"{p}.name", f"arguments of {name!r} are ignored: {REFUSED_PLUGINS[name]}")
             continue
-        if name not in _ARG_SPECS:
+        if name not in PLUGINS:
             c.err(f"{p}.name", f"unknown plugin {name!r}{_hint(name, SCORE_PLUGINS)}")
             continue
         raw = im.get("args")

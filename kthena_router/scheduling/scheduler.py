@@ -38,6 +38,7 @@ from kthena_router.metrics import RouterMetrics
 
 from .config import PrefixCacheArgs, SchedulerSettings
 from .index_sizing import IndexSizer
+from .plugins import PREFIX_PLUGINS
 from .request import RequestInfo
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,6 @@ log = logging.getLogger(__name__)
 # is unknown (no vllm:cache_config_info) and the config sets none.
 DEFAULT_INDEX_CAPACITY = 50_000
 MAX_CANDIDATES = 16  # retries never walk further; keeps the id -> endpoint mapping short
-PREFIX_PLUGINS = ("prefix-cache", "kvcache-aware")
 MISS_FRACTION = 0.5  # balanceMisses: a best match below this share of the prompt is a miss
 _NAN = math.nan
 _best = itemgetter(1)

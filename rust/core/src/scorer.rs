@@ -153,24 +153,30 @@ impl Scorer {
         let mut warnings = Vec::new();
         let mut filters = Vec::new();
         for name in &cfg.filters {
-            let (p, w) = policies::build(name, args_of(name))?;
-            if !p.is_filter() {
+            if !policies::info(name)?.filter {
                 return Err(format!("scheduler plugin {name:?} is not a filter"));
             }
+            let (p, w) = policies::build(name, args_of(name))?;
             warnings.extend(w);
             filters.push(p);
         }
         let mut scores = Vec::new();
+        let mut guard = false;
         for (name, weight) in &cfg.scores {
             if !(weight.is_finite() && *weight >= 0.0) {
                 return Err(format!(
                     "scheduler plugin {name:?}: weight must be >= 0, got {weight}"
                 ));
             }
+            let info = policies::info(name)?;
+            if !info.score {
+                return Err(format!("scheduler plugin {name:?} is not a score plugin"));
+            }
             let (p, w) = policies::build(name, args_of(name))?;
             if !cfg.filters.contains(name) {
                 warnings.extend(w);
             }
+            guard |= info.affinity && *weight > 0.0;
             scores.push((p, *weight));
         }
         if !(cfg.hot_spot_abs >= 0.0 && cfg.hot_spot_rel >= 1.0) {
@@ -182,7 +188,7 @@ impl Scorer {
             free: Vec::new(),
             live: Vec::new(),
             weight_sum: scores.iter().map(|(_, w)| w).sum(),
-            guard: scores.iter().any(|(p, w)| p.is_affinity() && *w > 0.0),
+            guard,
             filters,
             scores,
             hot_spot_abs: cfg.hot_spot_abs,

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 mod kv_ownership;
 mod prefix;
+mod registry;
 mod scorer;
 mod splice;
 
@@ -17,6 +18,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<prefix::BlockHashes>()?;
     m.add_class::<prefix::PrefixIndex>()?;
     m.add_class::<scorer::Scorer>()?;
+    m.add_function(wrap_pyfunction!(registry::plugin_registry, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::refused_plugins, m)?)?;
     m.add_class::<kv_ownership::KvOwnership>()?;
     m.add_function(wrap_pyfunction!(kv_ownership::token_block_hashes, m)?)?;
     m.add_function(wrap_pyfunction!(kv_ownership::block_hash_key, m)?)?;

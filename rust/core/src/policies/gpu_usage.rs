@@ -4,11 +4,7 @@
 
 use super::{known, Args, Ctx, Policy, PolicyInfo};
 
-pub const INFO: PolicyInfo = PolicyInfo {
-    name: "gpu-usage",
-    known_args: &[],
-    build,
-};
+pub const INFO: PolicyInfo = PolicyInfo::score("gpu-usage", build);
 
 fn build(_: &Args) -> Result<Box<dyn Policy>, String> {
     Ok(Box::new(GpuUsage))

@@ -2,21 +2,19 @@
 //! `f * ttft_score + (1 - f) * tpot_score` with `f = TTFTTPOTWeightFactor` (default 0.5).
 //! Stale endpoints and missing samples count as the worst latency (score 0).
 
-use super::{inverse_norm_one, max_known, Args, Ctx, Policy, PolicyInfo};
+use super::{inverse_norm_one, max_known, ArgSpec, Args, Ctx, Policy, PolicyInfo};
+
+/// 1 = TTFT only, 0 = TPOT only.
+const FACTOR: ArgSpec =
+    ArgSpec::float("TTFTTPOTWeightFactor", "ttft_tpot_weight_factor", 0.5).range(0.0, 1.0);
 
 pub const INFO: PolicyInfo = PolicyInfo {
-    name: "least-latency",
-    known_args: &["TTFTTPOTWeightFactor"],
-    build,
+    args: &[FACTOR],
+    ..PolicyInfo::score("least-latency", build)
 };
 
 fn build(args: &Args) -> Result<Box<dyn Policy>, String> {
-    let f = args.get("TTFTTPOTWeightFactor").unwrap_or(0.5);
-    if !(0.0..=1.0).contains(&f) {
-        return Err(format!(
-            "least-latency: TTFTTPOTWeightFactor must be in [0, 1], got {f}"
-        ));
-    }
+    let f = args.value(&FACTOR).unwrap_or(0.5);
     Ok(Box::new(LeastLatency { f }))
 }
 
@@ -89,6 +87,7 @@ mod tests {
             run(&*make("least-latency", &[]), &eps, &[], None, 0)[2],
             0.0
         );
-        assert!(super::build(&super::Args(vec![("TTFTTPOTWeightFactor".into(), 2.0)])).is_err());
+        let bad = super::Args(vec![("TTFTTPOTWeightFactor".into(), 2.0)]);
+        assert!(super::super::build("least-latency", &bad).is_err());
     }
 }

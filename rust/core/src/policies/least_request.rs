@@ -4,21 +4,19 @@
 //! own in-flight change since the last scrape). Stale endpoints are filtered out and
 //! score 0 (unknown load is worst-case load).
 
-use super::{inverse_norm, Args, Ctx, Policy, PolicyInfo};
+use super::{inverse_norm, ArgSpec, Args, Ctx, Policy, PolicyInfo, Value};
+
+const MAX_WAITING: ArgSpec =
+    ArgSpec::int("maxWaitingRequests", "max_waiting_requests", Value::Int(10)).positive();
 
 pub const INFO: PolicyInfo = PolicyInfo {
-    name: "least-request",
-    known_args: &["maxWaitingRequests"],
-    build,
+    filter: true,
+    args: &[MAX_WAITING],
+    ..PolicyInfo::score("least-request", build)
 };
 
 fn build(args: &Args) -> Result<Box<dyn Policy>, String> {
-    let max_waiting = args.get("maxWaitingRequests").unwrap_or(10.0);
-    if max_waiting.is_nan() || max_waiting < 0.0 {
-        return Err(format!(
-            "least-request: maxWaitingRequests must be >= 0, got {max_waiting}"
-        ));
-    }
+    let max_waiting = args.value(&MAX_WAITING).unwrap_or(10.0);
     Ok(Box::new(LeastRequest { max_waiting }))
 }
 
@@ -29,10 +27,6 @@ pub struct LeastRequest {
 impl Policy for LeastRequest {
     fn name(&self) -> &'static str {
         "least-request"
-    }
-
-    fn is_filter(&self) -> bool {
-        true
     }
 
     fn filter(&self, ctx: &Ctx, cands: &mut Vec<u32>) {
@@ -88,6 +82,6 @@ mod tests {
     #[test]
     fn bad_argument_rejected() {
         let args = super::Args(vec![("maxWaitingRequests".into(), -1.0)]);
-        assert!(super::build(&args).is_err());
+        assert!(super::super::build("least-request", &args).is_err());
     }
 }

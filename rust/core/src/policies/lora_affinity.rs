@@ -9,9 +9,9 @@ use super::{Args, Ctx, Policy, PolicyInfo};
 use crate::scorer::Signals;
 
 pub const INFO: PolicyInfo = PolicyInfo {
-    name: "lora-affinity",
-    known_args: &[],
-    build,
+    filter: true,
+    affinity: true,
+    ..PolicyInfo::score("lora-affinity", build)
 };
 
 fn build(_: &Args) -> Result<Box<dyn Policy>, String> {
@@ -31,14 +31,6 @@ fn has_room(e: &Signals) -> bool {
 impl Policy for LoraAffinity {
     fn name(&self) -> &'static str {
         "lora-affinity"
-    }
-
-    fn is_filter(&self) -> bool {
-        true
-    }
-
-    fn is_affinity(&self) -> bool {
-        true
     }
 
     fn filter(&self, ctx: &Ctx, cands: &mut Vec<u32>) {

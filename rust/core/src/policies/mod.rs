@@ -13,6 +13,9 @@
 
 use crate::scorer::Signals;
 
+pub mod spec;
+pub use spec::{ArgSpec, Kind, OutOfRange, Reader, Value};
+
 pub mod gpu_usage;
 pub mod least_latency;
 pub mod least_request;
@@ -37,20 +40,10 @@ pub struct Ctx<'a> {
 pub trait Policy: Send + Sync {
     fn name(&self) -> &'static str;
 
-    /// Whether the policy can be listed under `plugins.Filter`.
-    fn is_filter(&self) -> bool {
-        false
-    }
-
-    /// Keep the acceptable candidates (slots). The scorer undoes a filter that would leave
-    /// none, so a filter states a preference, never an outage.
+    /// Keep the acceptable candidates (slots); only called for [`PolicyInfo::filter`]
+    /// policies. The scorer undoes a filter that would leave none, so a filter states a
+    /// preference, never an outage.
     fn filter(&self, _ctx: &Ctx, _cands: &mut Vec<u32>) {}
-
-    /// Whether the policy prefers endpoints that already hold the request's state (prefix,
-    /// adapter): the hot-spot guard only watches configurations that have one.
-    fn is_affinity(&self) -> bool {
-        false
-    }
 
     /// Write one score in [0, 1] per candidate into `out` (same length as `cands`).
     fn score(&self, ctx: &Ctx, cands: &[u32], out: &mut [f64]);
@@ -70,15 +63,52 @@ impl Args {
     pub fn get(&self, key: &str) -> Option<f64> {
         self.0.iter().find(|(k, _)| k == key).map(|&(_, v)| v)
     }
+
+    /// The argument's value, else its numeric default (None when the default is absent).
+    pub fn value(&self, spec: &ArgSpec) -> Option<f64> {
+        self.get(spec.name).or(spec.default.number())
+    }
 }
 
-/// One registry row: a Kthena plugin name, the arguments it reads, its constructor.
+/// One registry row: a Kthena plugin name, its roles, its arguments, its constructor.
 pub struct PolicyInfo {
     pub name: &'static str,
-    /// Arguments the policy reads or that belong to it elsewhere in the router (e.g.
-    /// prefix-cache's hashing arguments, used by the caller); others draw a warning.
-    pub known_args: &'static [&'static str],
+    /// May be listed under `plugins.Score` / `plugins.Filter`.
+    pub score: bool,
+    pub filter: bool,
+    /// Prefers endpoints that already hold the request's state (prefix, adapter): the
+    /// hot-spot guard only watches configurations that have one.
+    pub affinity: bool,
+    /// Scores the caller's per-request prefix match ([`Ctx::prefix`]), so the caller must
+    /// compute it.
+    pub prefix_input: bool,
+    /// Every argument that belongs to the plugin, including those the router around the
+    /// scorer reads ([`Reader::Router`]); others draw a warning.
+    pub args: &'static [ArgSpec],
+    /// Called with arguments already checked against `args`.
     pub build: fn(&Args) -> Result<Box<dyn Policy>, String>,
+}
+
+impl PolicyInfo {
+    /// A score-only plugin without arguments or special inputs.
+    pub const fn score(
+        name: &'static str,
+        build: fn(&Args) -> Result<Box<dyn Policy>, String>,
+    ) -> Self {
+        PolicyInfo {
+            name,
+            score: true,
+            filter: false,
+            affinity: false,
+            prefix_input: false,
+            args: &[],
+            build,
+        }
+    }
+
+    pub fn arg(&self, name: &str) -> Option<&'static ArgSpec> {
+        self.args.iter().find(|a| a.name == name)
+    }
 }
 
 pub static REGISTRY: &[PolicyInfo] = &[
@@ -93,32 +123,47 @@ pub static REGISTRY: &[PolicyInfo] = &[
 ];
 
 /// Kthena plugins we recognise but do not implement: refused with this reason.
-const REFUSED: &[(&str, &str)] = &[
+pub static REFUSED: &[(&str, &str)] = &[
     (
         "session-affinity",
-        "not supported yet (use prefix-cache for stickiness)",
+        "session-affinity (sticky sessions by header) is not supported yet",
     ),
-    ("cost-aware", "not supported yet"),
+    (
+        "cost-aware",
+        "cost-aware (token-budget reservations) is not supported yet",
+    ),
 ];
 
-/// Build the policy named `name`; also returns warnings about arguments it ignores.
-pub fn build(name: &str, args: &Args) -> Result<(Box<dyn Policy>, Vec<String>), String> {
+/// The registry row of `name`; a refused or unknown name is an error.
+pub fn info(name: &str) -> Result<&'static PolicyInfo, String> {
     if let Some((_, why)) = REFUSED.iter().find(|(n, _)| *n == name) {
-        return Err(format!("scheduler plugin {name:?}: {why}"));
+        return Err(format!("scheduler plugin {name:?} is refused: {why}"));
     }
-    let info = REGISTRY.iter().find(|i| i.name == name).ok_or_else(|| {
+    REGISTRY.iter().find(|i| i.name == name).ok_or_else(|| {
         let known: Vec<&str> = REGISTRY.iter().map(|i| i.name).collect();
         format!(
             "unknown scheduler plugin {name:?} (known: {})",
             known.join(", ")
         )
-    })?;
-    let warnings = args
-        .0
-        .iter()
-        .filter(|(k, _)| !info.known_args.contains(&k.as_str()))
-        .map(|(k, _)| format!("scheduler plugin {name:?}: argument {k:?} is ignored"))
-        .collect();
+    })
+}
+
+/// Build the policy named `name` after checking `args` against its specs; also returns
+/// warnings about arguments that are not the plugin's.
+pub fn build(name: &str, args: &Args) -> Result<(Box<dyn Policy>, Vec<String>), String> {
+    let info = info(name)?;
+    let mut warnings = Vec::new();
+    for (k, v) in &args.0 {
+        match info.arg(k) {
+            None => warnings.push(format!(
+                "scheduler plugin {name:?}: argument {k:?} is ignored"
+            )),
+            Some(a) if a.reader == Reader::Policy => a
+                .check(*v)
+                .map_err(|e| format!("scheduler plugin {name:?}: {e}"))?,
+            Some(_) => {}
+        }
+    }
     Ok(((info.build)(args)?, warnings))
 }
 
@@ -244,6 +289,15 @@ mod tests {
             let (p, w) = build(info.name, &Args::default()).unwrap();
             assert_eq!(p.name(), info.name);
             assert!(w.is_empty());
+            assert!(info.score || info.filter);
+            for (i, a) in info.args.iter().enumerate() {
+                assert!(info.args[..i]
+                    .iter()
+                    .all(|b| b.name != a.name && b.field != a.field));
+                if let Some(d) = a.default.number() {
+                    assert!(a.check(d).is_ok(), "{}: default of {}", info.name, a.name);
+                }
+            }
         }
         assert!(build("session-affinity", &Args::default())
             .unwrap_err()
@@ -253,6 +307,16 @@ mod tests {
             .contains("known: random"));
         let (_, w) = build("gpu-usage", &Args(vec![("foo".into(), 1.0)])).unwrap();
         assert_eq!(w.len(), 1);
+        // Router-read arguments are the plugin's: accepted silently, not checked here.
+        let (_, w) = build("prefix-cache", &Args(vec![("balanceMisses".into(), 7.0)])).unwrap();
+        assert!(w.is_empty());
+        let e = build(
+            "least-latency",
+            &Args(vec![("TTFTTPOTWeightFactor".into(), 2.0)]),
+        );
+        assert!(e
+            .unwrap_err()
+            .contains("TTFTTPOTWeightFactor must be in [0, 1]"));
     }
 
     #[test]

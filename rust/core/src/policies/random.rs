@@ -3,11 +3,7 @@
 
 use super::{mix64, Args, Ctx, Policy, PolicyInfo};
 
-pub const INFO: PolicyInfo = PolicyInfo {
-    name: "random",
-    known_args: &[],
-    build,
-};
+pub const INFO: PolicyInfo = PolicyInfo::score("random", build);
 
 fn build(_: &Args) -> Result<Box<dyn Policy>, String> {
     Ok(Box::new(Random))

@@ -3,11 +3,7 @@
 
 use super::{Args, Ctx, Policy, PolicyInfo};
 
-pub const INFO: PolicyInfo = PolicyInfo {
-    name: "round-robin",
-    known_args: &[],
-    build,
-};
+pub const INFO: PolicyInfo = PolicyInfo::score("round-robin", build);
 
 fn build(_: &Args) -> Result<Box<dyn Policy>, String> {
     Ok(Box::new(RoundRobin))
