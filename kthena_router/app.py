@@ -33,7 +33,7 @@ from kthena_router.endpoints.balancer import Balancer, RoundRobinBalancer
 from kthena_router.endpoints.health import EjectionPolicy, HealthProber
 from kthena_router.endpoints.registry import EndpointRegistry
 from kthena_router.engine_state.scraper import EngineStateScraper
-from kthena_router.errors import error_response
+from kthena_router.errors import RequestError, error_response, send_error
 from kthena_router.metrics import RouterMetrics, ensure_multiprocess
 from kthena_router.proxy.forward import Forwarder, Receive, Scope, Send
 from kthena_router.proxy.upstream import UpstreamPool
@@ -160,6 +160,22 @@ def _kv_sources(state: RouterState, scheduler: Scheduler, args: KvCacheAwareArgs
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"]
 
 
+_KNOWN_METHODS = frozenset(_ALL_METHODS)
+
+
+def _header_refusal(headers: list[tuple[bytes, bytes]]) -> RequestError | None:
+    """Request headers the forwarder cannot honour: a compressed body (it parses and forwards
+    the body as plain JSON, so the engine would try to decompress plain bytes) and an
+    ambiguous Content-Type (engines refuse it in their own, non-OpenAI, format)."""
+    ctypes = 0
+    for k, v in headers:
+        if k == b"content-encoding" and v.strip().lower() not in (b"", b"identity"):
+            return RequestError(415, f"Content-Encoding {v.decode('latin-1')!r} is not supported: "
+                                     "send the request body uncompressed")
+        ctypes += k == b"content-type"
+    return RequestError(400, "more than one Content-Type header") if ctypes > 1 else None
+
+
 async def _models(request: Request) -> Response:
     if request.method not in ("GET", "HEAD"):
         return error_response(405, f"method {request.method} is not allowed on /v1/models")
@@ -279,7 +295,15 @@ def create_app(settings: RouterSettings | None = None) -> Any:
         if scope["type"] == "http":
             path = scope["path"]
             if path.startswith("/v1/") and path != "/v1/models":
-                await forwarder(scope, receive, send)
+                refusal = _header_refusal(scope["headers"])
+                if refusal is None:
+                    await forwarder(scope, receive, send)
+                else:
+                    await send_error(send, refusal)
+                return
+            if scope["method"] not in _KNOWN_METHODS:  # starlette would answer in plain text
+                await send_error(send, RequestError(405 if path == "/v1/models" else 404,
+                                                    f"method {scope['method']} is not allowed on {path}"))
                 return
         await starlette(scope, receive, send)
 

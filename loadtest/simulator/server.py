@@ -23,6 +23,8 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from .accounting import RequestLog
 from .fast_engine import GenRequest  # same fields as engine.GenRequest (duck-typed)
@@ -33,6 +35,13 @@ from .probes import DEFAULT_MAX_TOKENS, ProbeEndpoints
 from .tokenizer import ChatTemplateError, TextCodec, render_chat
 
 log = logging.getLogger("loadtest.simulator")
+
+
+def _printable(v: str) -> str:
+    """A header value as logged: aiohttp keeps non-UTF-8 bytes as lone surrogates, which the
+    admin API's JSON cannot carry."""
+    return v if v.isascii() else v.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
 
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 DONE = b"data: [DONE]\n\n"
@@ -199,7 +208,10 @@ class EngineServer(ProbeEndpoints):
 
     @staticmethod
     async def read_json(request: web.Request) -> dict[str, Any]:
-        raw = await request.read()
+        try:
+            raw = await request.read()
+        except (RequestPayloadError, HttpProcessingError) as e:  # e.g. an undecodable Content-Encoding
+            raise ApiError(400, f"Cannot read the request body: {getattr(e, 'message', e)}") from None
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
@@ -226,7 +238,7 @@ class EngineServer(ProbeEndpoints):
         return await self._inference(request, chat=False)
 
     async def _inference(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        headers = {k.lower(): v for k, v in request.headers.items()}
+        headers = {k.lower(): _printable(v) for k, v in request.headers.items()}
         entry = self.requests.add(headers.get("x-request-id"), request.path, headers)
         entry["tcp_nodelay"] = _nodelay(request)
         try:

@@ -23,10 +23,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loadtest.fuzz_strategies import (
+    CHAT,
+    COMPL,
+    garbage_bodies,
+    json_values,
+    odd_messages,
+    odd_prompts,
+    odd_text,
+    odd_unknown_fields,
+    unknown_models,
+    wrong_field,
+)
+
 MSGS = [{"role": "user", "content": "hi"}]
-CHAT = "/v1/chat/completions"
-COMPL = "/v1/completions"
-KNOWN_MODELS = {"demo", "demo-lora-a", "demo-lora-b"}
 TIMEOUT = httpx.Timeout(30.0)
 
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
@@ -93,58 +103,6 @@ def post(http: httpx.Client, router: harness.Router, path: str, content: bytes,
     return http.post(f"{router.base_url}{path}", content=content, headers=h)
 
 
-# --- strategies -----------------------------------------------------------------------
-
-json_scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | \
-    st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20)
-json_values = st.recursive(json_scalars, lambda kids: st.lists(kids, max_size=4) |
-                           st.dictionaries(st.text(max_size=8), kids, max_size=4), max_leaves=12)
-
-
-def _not_json_object(raw: bytes) -> bool:
-    """Oracle: strict RFC 8259 JSON (no NaN/Infinity, numbers that fit a double, UTF-8)."""
-    try:
-        value = json.loads(raw.decode("utf-8"), parse_constant=_reject)
-    except (ValueError, RecursionError):
-        return True
-    return not isinstance(value, dict) or _has_inf(value)
-
-
-def _reject(name: str) -> Any:
-    raise ValueError(name)
-
-
-def _has_inf(value: Any) -> bool:
-    # iterative: json.loads accepts nesting deeper than a recursive walk's stack allows
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, float) and v in (float("inf"), float("-inf")):
-            return True
-        if isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return False
-
-
-garbage_bodies = st.one_of(
-    st.binary(min_size=1, max_size=200),
-    st.text(max_size=100).map(lambda s: s.encode("utf-8", "surrogatepass")),
-    # JSON-looking text, cut at a random place or with a bad byte in it
-    st.builds(lambda v, cut: json.dumps({"model": "demo", "prompt": "x", "v": v}).encode()[:cut],
-              json_values, st.integers(0, 40)),
-    st.sampled_from([b"{", b"}", b"{\"model\"", b"{\"model\": \"demo\",}", b"{'model': 'demo'}",
-                     b"{\"model\": \"demo\"} trailing", b"{\"model\": NaN}", b"{\"model\": Infinity}",
-                     b"{\"model\": \"demo\", \"max_tokens\": 1e400}", b"\xef\xbb\xbf{\"model\": \"demo\"}",
-                     b"{\"model\": \"d\xffmo\"}", b"{\"model\": \"\\ud800\"}", b"\x00", b"null",
-                     b"{\"model\": \"demo\"\x00}", b"[" * 2000 + b"]" * 2000,
-                     b"{\"a\":" * 1100 + b"1" + b"}" * 1100]),
-).filter(_not_json_object)
-
-unknown_models = st.text(min_size=1, max_size=60).filter(lambda s: s not in KNOWN_MODELS)
-
-
 def _surrogate_free(s: str) -> bool:
     try:
         s.encode("utf-8")
@@ -194,25 +152,6 @@ def _valid(path: str) -> dict[str, Any]:
     return base
 
 
-not_str = json_values.filter(lambda v: not isinstance(v, str))
-not_bool = json_values.filter(lambda v: not isinstance(v, bool) and v is not None)
-not_int = json_values.filter(lambda v: v is None or not isinstance(v, int) or isinstance(v, bool)) \
-    .filter(lambda v: v is not None)
-not_list = json_values.filter(lambda v: not isinstance(v, list) and v is not None)
-not_prompt = json_values.filter(lambda v: not isinstance(v, (list, str)) and v is not None)
-not_dict = json_values.filter(lambda v: not isinstance(v, dict) and v is not None)
-
-wrong_field = st.one_of(
-    st.tuples(st.just("model"), st.one_of(not_str, st.just("")), st.sampled_from([CHAT, COMPL])),
-    st.tuples(st.just("stream"), not_bool, st.sampled_from([CHAT, COMPL])),
-    st.tuples(st.just("messages"), not_list, st.just(CHAT)),
-    st.tuples(st.just("prompt"), not_prompt, st.just(COMPL)),
-    st.tuples(st.just("max_tokens"), not_int, st.sampled_from([CHAT, COMPL])),
-    st.tuples(st.just("max_completion_tokens"), not_int, st.just(CHAT)),
-    st.tuples(st.just("stream_options"), not_dict, st.sampled_from([CHAT, COMPL])),
-)
-
-
 @FUZZ
 @given(case=wrong_field)
 def test_wrong_type_for_one_field_is_400_naming_it(guard: harness.Router, simulator: harness.Simulator,
@@ -249,14 +188,9 @@ def test_unknown_model_is_404(guard: harness.Router, simulator: harness.Simulato
 
 # --- odd but valid requests reach an engine, unchanged -----------------------------------
 
-odd_unknown_fields = st.dictionaries(
-    st.text(string.ascii_lowercase, min_size=1, max_size=6).map(lambda s: "x_" + s),
-    json_values | st.integers(-(10**30), 10**30), max_size=4)
-
-
 @FUZZ_SMALL
 @given(extra=odd_unknown_fields, path=st.sampled_from([CHAT, COMPL]),
-       text=st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=30))
+       text=odd_text)
 def test_odd_valid_requests_are_served(guard: harness.Router, simulator: harness.Simulator,
                                        http: httpx.Client, extra: dict[str, Any], path: str, text: str) -> None:
     """Unicode/NUL text, huge integers and nested values in unknown fields: the engine serves them."""
@@ -483,15 +417,6 @@ def sched_router(router_workers: int, simulator_session: harness.Simulator,
         yield r
     finally:
         r.stop()
-
-
-odd_messages = st.lists(
-    json_values | st.fixed_dictionaries(
-        {"role": json_values}, optional={"content": json_values, "name": json_values,
-                                         "tool_calls": json_values, "tool_call_id": json_values}),
-    max_size=4)
-odd_prompts = json_values | st.lists(st.integers(-(2**40), 2**40), max_size=8) | \
-    st.lists(st.lists(st.integers(-5, 2**33), max_size=4), max_size=3)
 
 
 @FUZZ

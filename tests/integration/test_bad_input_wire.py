@@ -22,6 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loadtest.fuzz_strategies import wire_header_lines, wire_methods, wire_paths, wire_versions
+
 MSGS = [{"role": "user", "content": "hi"}]
 IO_TIMEOUT = 30.0  # generous: only there so that a stalled router fails the test instead of hanging
 VALID = b'{"model": "demo", "prompt": "hello", "max_tokens": 1}'
@@ -339,16 +341,9 @@ def test_huge_header_value(guard: harness.Router, simulator: harness.Simulator) 
 
 # --- random request bytes -------------------------------------------------------------
 
-methods = st.sampled_from([b"POST", b"GET", b"PUT", b"HEAD", b"OPTIONS", b"DELETE", b"post", b"P\x00ST", b""])
-paths = st.sampled_from([b"/v1/completions", b"/v1/chat/completions", b"/v1/models", b"/", b"*", b"",
-                         b"/v1/%00", b"/v1/../admin", b"//v1/completions", b"/v1/completions?x=\xff",
-                         b"http://127.0.0.1:1/v1/completions"]) | st.binary(max_size=30)
-header_lines = st.lists(st.tuples(st.binary(max_size=12), st.binary(max_size=40)), max_size=5)
-
-
 @FUZZ
-@given(method=methods, path=paths, version=st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/1.1 x", b""]),
-       headers=header_lines, body=st.binary(max_size=80) | st.just(VALID))
+@given(method=wire_methods, path=wire_paths, version=wire_versions,
+       headers=wire_header_lines, body=st.binary(max_size=80) | st.just(VALID))
 def test_random_request_bytes(guard: harness.Router, simulator: harness.Simulator, method: bytes, path: bytes,
                               version: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
     head = method + b" " + path + b" " + version + b"\r\nHost: x\r\n"
