@@ -3,10 +3,11 @@ the exact bytes to send, built by hypothesis strategies (shared ones in fuzz_str
 
 Families (`Case.kind`):
   strict ones (well-formed HTTP/1.1: a reply is required, errors are OpenAI-style JSON):
-    valid, stream, wrong_field, garbage_json, non_object, unknown_model, odd_prompt,
-    method, headers, chunked, oversized;
+    valid, stream, wrong_field, garbage_json, unknown_model, odd_prompt, method, headers,
+    chunked, large, oversized;
   loose ones (broken framing or request lines: the HTTP layer may refuse them its own way
-  or close; still never a 5xx, a leak or a hang): truncated, bad_chunked, wire.
+  or close; still never a 5xx, a leak or a hang): truncated, bad_chunked, bad_framing, wire;
+  abort: a valid request whose client goes away while the reply arrives.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class Case:
     raw: bytes  # with RID_MARK where the x-request-id header line goes (strict cases)
     method: str  # "HEAD" for HEAD requests (no response body), else anything
     strict: bool
-    follow_up: bool = False  # then a valid request on the same connection
+    follow_up: int = 0  # then a valid request on the same connection: 1 after the reply, 2 pipelined
+    abort_after: int = 0  # > 0: close the connection after this many reply bytes (client gone)
 
     def wire(self, rid: str) -> bytes:
         return self.raw.replace(RID_MARK, f"x-request-id: {rid}\r\n".encode(), 1)
@@ -91,6 +93,7 @@ def dumps(v: Any) -> bytes:
 
 
 VALID = dumps(valid_body(COMPL))
+FOLLOW = st.sampled_from([0, 0, 1, 2])
 inference_paths = st.sampled_from([CHAT, COMPL])
 targets = st.builds(lambda p, q: (p + q).encode(), st.sampled_from(PATHS), st.sampled_from(QUERIES))
 tokens = st.text(string.ascii_letters + string.digits + "-!#$%&'*+.^_`|~", min_size=1, max_size=16)
@@ -104,7 +107,8 @@ SPECIAL_HEADERS = st.sampled_from([
     (b"content-type", b"text/plain"), (b"content-type", b"multipart/form-data; boundary=x"),
     (b"accept", b"text/event-stream"), (b"x-forwarded-for", b"10.0.0.1"), (b"forwarded", b"for=x"),
     (b"proxy-authorization", b"Basic eA=="), (b"keep-alive", b"timeout=1"), (b"x-long", b"v" * 7000),
-    (b"host", b"other:1"), (b"x-user-tier", b"beta"),
+    (b"host", b"other:1"), (b"x-user-tier", b"beta"), (b"x-request-id", b""), (b"x-request-id", b"\xff\xfe id"),
+    (b"x-request-id", b"r" * 5000), (b"content-length", b"0"), (b"transfer-encoding", b"identity"),
 ])
 
 
@@ -122,7 +126,7 @@ def valid_case(draw: st.DrawFn) -> Case:
         body["prompt"] = text
     body.update(draw(odd_unknown_fields))
     return Case("stream" if stream else "valid", http_request(b"POST", path.encode(), dumps(body)), "POST",
-                True, draw(st.booleans()))
+                True, draw(FOLLOW))
 
 
 @st.composite
@@ -130,20 +134,20 @@ def wrong_field_case(draw: st.DrawFn) -> Case:
     field, value, path = draw(wrong_field)
     body = valid_body(path)
     body[field] = value
-    return Case("wrong_field", http_request(b"POST", path.encode(), dumps(body)), "POST", True, draw(st.booleans()))
+    return Case("wrong_field", http_request(b"POST", path.encode(), dumps(body)), "POST", True, draw(FOLLOW))
 
 
 @st.composite
 def garbage_case(draw: st.DrawFn) -> Case:
     raw = draw(garbage_bodies | json_values.filter(lambda v: not isinstance(v, dict)).map(dumps))
-    return Case("garbage_json", http_request(b"POST", draw(targets), raw), "POST", True, draw(st.booleans()))
+    return Case("garbage_json", http_request(b"POST", draw(targets), raw), "POST", True, draw(FOLLOW))
 
 
 @st.composite
 def unknown_model_case(draw: st.DrawFn) -> Case:
     path = draw(inference_paths)
     body = valid_body(path, draw(unknown_models), stream=draw(st.booleans()))
-    return Case("unknown_model", http_request(b"POST", path.encode(), dumps(body)), "POST", True, draw(st.booleans()))
+    return Case("unknown_model", http_request(b"POST", path.encode(), dumps(body)), "POST", True, draw(FOLLOW))
 
 
 @st.composite
@@ -157,7 +161,7 @@ def odd_prompt_case(draw: st.DrawFn) -> Case:
     else:
         prompt = draw(odd_prompts)
         body["prompt"] = prompt if isinstance(prompt, (str, list)) else [prompt]
-    return Case("odd_prompt", http_request(b"POST", path.encode(), dumps(body)), "POST", True, draw(st.booleans()))
+    return Case("odd_prompt", http_request(b"POST", path.encode(), dumps(body)), "POST", True, draw(FOLLOW))
 
 
 @st.composite
@@ -166,7 +170,7 @@ def method_case(draw: st.DrawFn) -> Case:
                                    "M-SEARCH", "post", "POST"]))
     body = draw(st.sampled_from([b"", VALID]))
     raw = http_request(method.encode(), draw(targets), body)
-    return Case("method", raw, method, True, draw(st.booleans()))
+    return Case("method", raw, method, True, draw(FOLLOW))
 
 
 @st.composite
@@ -176,8 +180,10 @@ def headers_case(draw: st.DrawFn) -> Case:
     ctype = draw(st.sampled_from([b"application/json", b"application/json; charset=utf-8", b"APPLICATION/JSON",
                                   b"text/plain", b"", None]))
     body = dumps(valid_body(path, stream=draw(st.booleans())))
-    return Case("headers", http_request(b"POST", path.encode(), body, extra, ctype=ctype), "POST", True,
-                draw(st.booleans()))
+    raw = http_request(b"POST", path.encode(), body, extra, ctype=ctype)
+    if any(k in (b"content-length", b"transfer-encoding") for k, _ in extra):  # conflicting framing
+        return Case("bad_framing", raw, "POST", False)
+    return Case("headers", raw, "POST", True, draw(FOLLOW))
 
 
 def _chunked(body: bytes, sizes: list[int], ext: bool, trailer: bool) -> list[bytes]:
@@ -206,20 +212,25 @@ def chunked_case(draw: st.DrawFn) -> Case:
                                           chunks[i].replace(b"\r\n", b"\n"), chunks[i][:-2]]))
         return Case("bad_chunked", http_request(b"POST", path.encode(), None, chunks=chunks), "POST", False)
     return Case("chunked", http_request(b"POST", path.encode(), None, chunks=chunks), "POST", True,
-                draw(st.booleans()))
+                draw(FOLLOW))
 
 
 @st.composite
-def oversized_case(draw: st.DrawFn) -> Case:
+def large_case(draw: st.DrawFn) -> Case:
+    """A long prompt (the prefix index hashes it) around the body limit: served, or 413."""
     path = draw(inference_paths)
-    body = valid_body(path)
-    body["x_pad"] = "p" * draw(st.integers(MAX_BODY_BYTES, MAX_BODY_BYTES * 3))
+    body = valid_body(path, stream=draw(st.booleans()))
+    text = draw(st.sampled_from(["p", "é", "ab\u0000"])) * draw(st.integers(MAX_BODY_BYTES // 4, MAX_BODY_BYTES * 2))
+    if path == CHAT:
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text
     raw = dumps(body)
     if draw(st.booleans()):
         req = http_request(b"POST", path.encode(), None, chunks=_chunked(raw, [16384] * 20, False, False))
     else:
         req = http_request(b"POST", path.encode(), raw)
-    return Case("oversized", req, "POST", True)
+    return Case("oversized" if len(raw) > MAX_BODY_BYTES else "large", req, "POST", True)
 
 
 @st.composite
@@ -240,10 +251,18 @@ def wire_case(draw: st.DrawFn) -> Case:
     return Case("wire", head + tail + body, "HEAD" if head.startswith(b"HEAD ") else "GET", False)
 
 
+@st.composite
+def abort_case(draw: st.DrawFn) -> Case:
+    path = draw(inference_paths)
+    body = valid_body(path, max_tokens=draw(st.integers(1, 64)), stream=draw(st.booleans()))
+    return Case("abort", http_request(b"POST", path.encode(), dumps(body)), "POST", False,
+                abort_after=draw(st.integers(1, 400)))
+
+
 CASES = st.one_of(
     valid_case(), valid_case(), wrong_field_case(), garbage_case(), garbage_case(), unknown_model_case(),
-    odd_prompt_case(), method_case(), headers_case(), headers_case(), chunked_case(), oversized_case(),
-    truncated_case(), wire_case(), wire_case(),
+    odd_prompt_case(), method_case(), headers_case(), headers_case(), chunked_case(), large_case(),
+    truncated_case(), wire_case(), wire_case(), abort_case(),
 )
 
 

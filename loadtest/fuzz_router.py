@@ -43,7 +43,7 @@ from typing import Any
 import h11
 
 from .demo import DEFAULT_CONFIG, REPO, Child, demo_config, wait_router_ready, wait_simulator_ready
-from .fuzz_cases import CHAT, MAX_BODY_BYTES, Case, dumps, generate, http_request, valid_body
+from .fuzz_cases import CHAT, MAX_BODY_BYTES, RID_MARK, Case, dumps, generate, http_request, valid_body
 
 HOST = "127.0.0.1"
 ROUTER_CONFIG = REPO / "configs" / "scheduling" / "prefix-cache.yaml"
@@ -75,6 +75,13 @@ class Report:
             self.examples[kind].append({"case": case.kind if case else None,
                                         "request": case.raw[:400].decode("latin-1") if case else None,
                                         "detail": detail[:600]})
+
+    def note(self, what: str, case: Case, detail: str) -> None:
+        """Count something that is not a failure, keeping a few examples."""
+        self.info[what] += 1
+        if len(self.examples[what]) < 3:
+            self.examples[what].append({"case": case.kind, "request": case.raw[:300].decode("latin-1"),
+                                        "detail": detail[:300]})
 
     def to_json(self) -> dict[str, Any]:
         lat = sorted(self.latencies)
@@ -137,21 +144,28 @@ async def _read_reply(reader: asyncio.StreamReader, conn: h11.Connection, deadli
             return r
 
 
+FOLLOW_REQUEST = http_request(b"POST", CHAT.encode(), dumps(valid_body(CHAT)))
+
+
 async def exchange(host: str, port: int, case: Case, rid: str, timeout: float) -> tuple[Reply, Reply | None]:
     """Send the case (and the valid follow-up, if any); raise TimeoutError on a hang."""
     deadline = time.monotonic() + timeout
     reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    follow_raw = FOLLOW_REQUEST.replace(RID_MARK, f"x-request-id: {rid}-f\r\n".encode(), 1)
     try:
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            writer.write(case.wire(rid))
+            writer.write(case.wire(rid) + (follow_raw if case.follow_up == 2 else b""))
             await asyncio.wait_for(writer.drain(), timeout)
-            if not case.strict:
+            if not case.strict and not case.abort_after:
                 writer.write_eof()  # a loose case: the answer (or the close) must come now
         except (ConnectionError, OSError):
             pass  # refused early (e.g. 413 before the whole body): read what was answered
+        if case.abort_after:
+            await asyncio.wait_for(reader.read(case.abort_after), timeout)
+            return Reply(status=0, complete=True), None
         conn = _parser(case.method)
         first = await _read_reply(reader, conn, deadline)
         follow = None
@@ -159,10 +173,10 @@ async def exchange(host: str, port: int, case: Case, rid: str, timeout: float) -
             conn.start_next_cycle()
             conn.send(h11.Request(method="POST", target="/", headers=[("host", "x"), ("content-length", "0")]))
             conn.send(h11.EndOfMessage())
-            follow_case = Case("follow", http_request(b"POST", CHAT.encode(), dumps(valid_body(CHAT))), "POST", True)
             try:
-                writer.write(follow_case.wire(rid + "-f"))
-                await asyncio.wait_for(writer.drain(), timeout)
+                if case.follow_up == 1:
+                    writer.write(follow_raw)
+                    await asyncio.wait_for(writer.drain(), timeout)
                 follow = await _read_reply(reader, conn, deadline)
             except (ConnectionError, OSError) as e:
                 follow = Reply(error=f"reset: {e.__class__.__name__}")
@@ -233,6 +247,8 @@ def check(case: Case, reply: Reply, follow: Reply | None, engine_ports: set[int]
             out.append(("stream_error", problem))
     if follow is not None and follow.status is not None and follow.status != 200:
         out.append(("follow_up", f"{follow.status}: {follow.body[:200]!r}"))
+    if follow is not None and follow.error.startswith("malformed"):
+        out.append(("malformed_response", f"follow-up: {follow.error}"))
     return out
 
 
@@ -312,11 +328,15 @@ async def run_batch(t: Target, cases: list[Case], first_index: int, seed: int, a
                 continue
             rep.latencies.append(time.perf_counter() - t0)
             rep.sent += 1
-            status = str(reply.status) if reply.status is not None else f"no reply ({reply.error.split(':')[0]})"
+            status = "client went away" if case.abort_after else str(reply.status) if reply.status is not None \
+                else f"no reply ({reply.error.split(':')[0]})"
             rep.by_kind_status[case.kind][status] += 1
             if not case.strict and reply.status is not None and reply.status >= 400 \
                     and openai_error_problem(reply):
-                rep.info[f"loose case refused by the HTTP layer ({reply.status}, not JSON)"] += 1
+                rep.note(f"loose case refused by the HTTP layer ({reply.status}, not JSON)", case,
+                         repr(reply.body[:200]))
+            if reply.status is not None and 300 <= reply.status < 400:
+                rep.note(f"redirect {reply.status}", case, repr(reply.headers.get(b"location")))
             if follow is not None and follow.status is None:
                 rep.info["follow-up: connection closed by the router"] += 1
             for kind, detail in check(case, reply, follow, t.engine_ports):
