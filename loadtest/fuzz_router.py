@@ -384,7 +384,7 @@ def fuzz(t: Target, router: Child | None, args: argparse.Namespace) -> Report:
             rep.fail("crash", None, f"after {done} requests: {problem}")
             break
         if args.progress:
-            print(f"fuzz: {done}/{args.requests} sent, {sum(rep.failures.values())} violations, "
+            print(f"fuzz: {done}/{args.requests} sent, violations {dict(rep.failures)}, "
                   f"{done / send_s:.0f} req/s while sending", file=sys.stderr, flush=True)
     problem = final_request(t)
     if problem:

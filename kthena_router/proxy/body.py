@@ -39,10 +39,35 @@ def content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     return None
 
 
+# Bytes past the limit read and dropped before the 413 goes out. Closing a connection with
+# unread input sends a TCP reset, which can destroy the 413 before a client still sending
+# reads it; draining lets the reply through and keeps the connection usable. Longer bodies
+# are refused at once (Go's net/http drains 256 KiB the same way).
+DRAIN_BYTES = 1 << 20
+
+
+async def _drain(receive: Receive, budget: int) -> None:
+    """Read and drop the rest of the body, at most about `budget` bytes."""
+    while budget > 0:
+        msg = await receive()
+        if msg["type"] != "http.request":
+            return
+        budget -= len(msg.get("body", b""))
+        if not msg.get("more_body", False):
+            return
+
+
+def _too_large(limit: int) -> RequestError:
+    return RequestError(413, f"request body exceeds the limit of {limit} bytes")
+
+
 async def read_body(receive: Receive, declared: int | None, limit: int) -> bytes:
-    """Read the whole body, refusing (413) as soon as it exceeds `limit` bytes."""
+    """Read the whole body, refusing (413) once it exceeds `limit` bytes (after draining
+    up to DRAIN_BYTES more)."""
     if declared is not None and declared > limit:
-        raise RequestError(413, f"request body exceeds the limit of {limit} bytes")
+        if declared - limit <= DRAIN_BYTES:
+            await _drain(receive, declared)
+        raise _too_large(limit)
     first = b""
     parts: list[bytes] | None = None
     size = 0
@@ -54,7 +79,9 @@ async def read_body(receive: Receive, declared: int | None, limit: int) -> bytes
         if chunk:
             size += len(chunk)
             if size > limit:
-                raise RequestError(413, f"request body exceeds the limit of {limit} bytes")
+                if msg.get("more_body", False):
+                    await _drain(receive, limit + DRAIN_BYTES - size)
+                raise _too_large(limit)
             if not first:
                 first = chunk
             else:

@@ -9,7 +9,14 @@ import pytest
 
 from kthena_router.errors import RequestError
 from kthena_router.proxy import body as body_mod
-from kthena_router.proxy.body import ClientDisconnected, needs_usage_injection, parse_body, read_body, rewrite
+from kthena_router.proxy.body import (
+    DRAIN_BYTES,
+    ClientDisconnected,
+    needs_usage_injection,
+    parse_body,
+    read_body,
+    rewrite,
+)
 
 CHAT = "/v1/chat/completions"
 COMPL = "/v1/completions"
@@ -34,26 +41,41 @@ async def test_read_body_joins_chunks() -> None:
     assert await read_body(_receiver([b"ab", b"", b"cd"]), None, 100) == b"abcd"
 
 
-async def test_read_body_stops_at_limit_without_reading_more() -> None:
-    calls = 0
+async def test_read_body_refuses_past_the_limit_after_a_bounded_drain() -> None:
+    read = 0
 
-    async def receive() -> dict[str, Any]:
-        nonlocal calls
-        calls += 1
-        return {"type": "http.request", "body": b"x" * 10, "more_body": True}
+    async def receive() -> dict[str, Any]:  # an endless body
+        nonlocal read
+        read += 10_000
+        return {"type": "http.request", "body": b"x" * 10_000, "more_body": True}
 
     with pytest.raises(RequestError) as info:
-        await read_body(receive, None, 25)
+        await read_body(receive, None, 25_000)
     assert info.value.status == 413
-    assert calls == 3  # stopped at the chunk that crossed the limit
+    # the rest was read and dropped (so that the 413 reaches a client still sending), but
+    # only up to DRAIN_BYTES past the limit
+    assert 25_000 + DRAIN_BYTES <= read <= 25_000 + DRAIN_BYTES + 10_000
 
 
-async def test_declared_length_over_limit_is_refused_before_reading() -> None:
+async def test_declared_length_over_limit_is_drained_then_refused() -> None:
+    chunks = [b"x" * 600, b"x" * 400]
+    msgs = iter([{"type": "http.request", "body": c, "more_body": i == 0} for i, c in enumerate(chunks)])
+
+    async def receive() -> dict[str, Any]:
+        return next(msgs)
+
+    with pytest.raises(RequestError) as info:
+        await read_body(receive, 1000, 999)
+    assert info.value.status == 413
+    assert next(msgs, None) is None  # all of it was read
+
+
+async def test_declared_length_far_over_limit_is_refused_before_reading() -> None:
     async def receive() -> dict[str, Any]:
         raise AssertionError("must not read")
 
     with pytest.raises(RequestError) as info:
-        await read_body(receive, 1000, 999)
+        await read_body(receive, 1000 + DRAIN_BYTES + 1, 999)
     assert info.value.status == 413
 
 
