@@ -301,9 +301,13 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                 else:
                     await send_error(send, refusal)
                 return
-            if scope["method"] not in _KNOWN_METHODS:  # starlette would answer in plain text
+            # starlette would answer these in plain text (or redirect a target such as "PUT")
+            if scope["method"] not in _KNOWN_METHODS:
                 await send_error(send, RequestError(405 if path == "/v1/models" else 404,
                                                     f"method {scope['method']} is not allowed on {path}"))
+                return
+            if not path.startswith("/"):  # "*" (OPTIONS *) or a bare word
+                await send_error(send, RequestError(404, f"no such endpoint: {scope['method']} {path}"))
                 return
         await starlette(scope, receive, send)
 

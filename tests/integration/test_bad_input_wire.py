@@ -358,3 +358,23 @@ def test_random_request_bytes(guard: harness.Router, simulator: harness.Simulato
             assert reply.status < 500 or reply.status in (502, 503, 504), reply
             if reply.status >= 400 and reply.body:
                 assert_no_leak(reply.body, simulator)
+
+
+@pytest.mark.parametrize(("raw", "status"), [
+    (b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404),
+    (b"DELETE PUT HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404),  # starlette redirected this
+    (b"FOO /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405),
+    (b"M-SEARCH /nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404),
+    # a compressed body would be forwarded as plain JSON with the client's Content-Encoding
+    (request(b"/v1/completions", VALID, extra=b"Content-Encoding: gzip\r\n", close=True), 415),
+    (request(b"/v1/completions", VALID, extra=b"Content-Type: text/plain\r\n", close=True), 400),
+], ids=["options-star", "bare-word-target", "unknown-method-models", "unknown-method-elsewhere",
+        "content-encoding", "two-content-types"])
+def test_odd_targets_methods_and_body_headers_get_openai_errors(guard: harness.Router,
+                                                                 simulator: harness.Simulator,
+                                                                 raw: bytes, status: int) -> None:
+    """Found by the fuzz run (docs/fuzzing.md): each got plain text, a redirect or an engine error."""
+    replies = exchange(guard, raw)
+    assert [r.status for r in replies] == [status], replies
+    replies[0].json_error()
+    assert harness.engine_total(simulator) == 0
