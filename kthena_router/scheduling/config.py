@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from ..config.errors import ConfigError, ConfigProblem
+from ..config.traffic import DEFAULT_TRAFFIC, TrafficSettings, parse_traffic
 # Same YAML and value rules as the route config (helpers take any collector with .err()).
 from ..config.loader import _list, _StrictLoader, _type_name, _yaml_problem, decode_config_text
 
@@ -159,6 +160,7 @@ class RouterConfiguration:
     source: str
     digest: str  # sha256 hex of the file bytes
     warnings: tuple[str, ...]
+    traffic: TrafficSettings = DEFAULT_TRAFFIC  # ours: timeouts, outlier detection, admission
 
 
 # Our pipeline when the file has no `scheduler` (Kthena's Helm chart default).
@@ -449,12 +451,14 @@ def router_configuration_from_object(
 ) -> RouterConfiguration:
     """Validate one decoded routerConfiguration mapping (not the ConfigMap wrapper)."""
     c = _Ctx(source, document, Path(base_dir) if base_dir is not None else Path.cwd())
-    m = _mapping(c, obj, "", ("scheduler", "auth", "sessionSticky"))
+    m = _mapping(c, obj, "", ("scheduler", "auth", "sessionSticky", "traffic"))
     scheduler: SchedulerSettings | None = None
     auth = None
     sticky = None
+    traffic = DEFAULT_TRAFFIC
     if m is not None:
         scheduler = _scheduler(c, m.get("scheduler"))
+        traffic = parse_traffic(c, m.get("traffic"))
         auth = _auth(c, m.get("auth"))
         raw_sticky = m.get("sessionSticky")
         if raw_sticky is not None and not isinstance(raw_sticky, dict):
@@ -463,7 +467,7 @@ def router_configuration_from_object(
             sticky = _freeze(raw_sticky)
     if c.problems or scheduler is None:
         raise ConfigError(c.problems or [ConfigProblem(source, document, "", "invalid configuration")])
-    return RouterConfiguration(scheduler, auth, sticky, source, digest, tuple(c.warnings))
+    return RouterConfiguration(scheduler, auth, sticky, source, digest, tuple(c.warnings), traffic)
 
 
 def _load_yaml(text: str, source: str, document: str, first_index: int = 1) -> list[Any]:
