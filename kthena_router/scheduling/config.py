@@ -33,7 +33,8 @@ import yaml
 
 from ..config.errors import ConfigError, ConfigProblem
 # Same YAML and value rules as the route config (helpers take any collector with .err()).
-from ..config.loader import _list, _StrictLoader, _type_name, _yaml_problem, decode_config_text
+from ..config.checks import check_list as _list, type_name as _type_name
+from ..config.yaml_source import StrictLoader as _StrictLoader, decode_config_text, yaml_problem as _yaml_problem
 
 __all__ = [
     "AuthConfig", "EmptyArgs", "KvCacheAwareArgs", "LeastLatencyArgs", "LeastRequestArgs",
