@@ -172,6 +172,6 @@ def create_app(settings: RouterSettings | None = None) -> Any:
         await starlette(scope, receive, send)
 
     app.forwarder = forwarder  # type: ignore[attr-defined]  # for in-process tests
-    app.scheduler = reloader.scheduler if reloader is not None else None  # type: ignore[attr-defined]
+    app.router_config_reloader = reloader  # type: ignore[attr-defined]  # .scheduler: the live one
     app.router_config = router_config  # type: ignore[attr-defined]
     return app
