@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kthena_router import worker_status
-from kthena_router.config.errors import ConfigError
+from kthena_router.config.errors import ConfigError, ConfigProblem
 from kthena_router.engine_state.scraper import EngineStateScraper
 from kthena_router.engine_state.snapshot import EndpointSnapshot
 from kthena_router.kv_events import EventSource
@@ -204,6 +204,10 @@ class RouterConfigReloader:
         except ConfigError as err:
             log.warning("invalid router configuration, keeping the previous one:\n%s", err)
             self.on_error(err)
+            return
+        except Exception as exc:  # a bug must not leave the worker without a verdict
+            log.exception("cannot build the scheduler of %s; keeping the previous one", rc.source)
+            self.on_error(ConfigError([ConfigProblem(rc.source, "", "scheduler", f"internal error: {exc!r}")]))
             return
         await self._load_tokenizers(new)
         if ticket != self._latest:  # a newer configuration arrived meanwhile
