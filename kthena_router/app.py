@@ -28,6 +28,7 @@ from kthena_router import worker_status
 from kthena_router.config.errors import ConfigError
 from kthena_router.config.loader import load_config_file
 from kthena_router.config.model import RouterConfig
+from kthena_router.config.traffic import DEFAULT_TRAFFIC, TrafficSettings
 from kthena_router.config.watcher import ConfigWatcher
 from kthena_router.endpoints.balancer import Balancer, RoundRobinBalancer
 from kthena_router.endpoints.health import EjectionPolicy, HealthProber
@@ -54,18 +55,31 @@ class ConfigApplier:
     """Turns a loaded RouterConfig into the worker's current state (initial load and reloads)."""
 
     def __init__(self, settings: RouterSettings, holder: StateHolder, registry: EndpointRegistry,
-                 metrics: RouterMetrics) -> None:
+                 metrics: RouterMetrics, traffic: TrafficSettings = DEFAULT_TRAFFIC) -> None:
         self.settings = settings
         self.holder = holder
         self.registry = registry
         self.metrics = metrics
+        # The router configuration's traffic section; every state built from here on
+        # resolves each ModelServer's settings from it (set_traffic re-resolves now).
+        self.traffic = traffic
         self.on_swap: Callable[[RouterState], None] | None = None  # after every state swap
+        self.after_swap: list[Callable[[RouterState], None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _install(self, state: RouterState) -> None:
         self.holder.swap(state)
         if self.on_swap is not None:
             self.on_swap(state)
+        for listener in self.after_swap:
+            listener(state)
+
+    def set_traffic(self, traffic: TrafficSettings) -> None:
+        """A new traffic section (router configuration reload): re-resolve every server."""
+        self.traffic = traffic
+        state = self.holder.current
+        if state is not None:
+            self._install(build_state(state.config, state.table, state.targets, traffic))
 
     async def apply(self, cfg: RouterConfig) -> None:
         table = RouteTable.build(cfg)  # first: a table error keeps the old state
@@ -74,7 +88,7 @@ class ConfigApplier:
 
     def _swap(self, cfg: RouterConfig, table: RouteTable) -> None:
         targets = self.registry.build(cfg)
-        self._install(build_state(cfg, table, targets))
+        self._install(build_state(cfg, table, targets, self.traffic))
         for eps in targets.values():
             for ep in eps:
                 self.metrics.set_endpoint_healthy(ep.server_label, ep.key, ep.health.healthy)
@@ -119,7 +133,7 @@ class ConfigApplier:
                 targets = self.registry.build(state.config)
                 keys = {k: tuple(ep.key for ep in v) for k, v in targets.items()}
                 if keys != {k: tuple(ep.key for ep in v) for k, v in state.targets.items()}:
-                    self._install(build_state(state.config, state.table, targets))
+                    self._install(build_state(state.config, state.table, targets, self.traffic))
             except Exception:
                 log.exception("DNS refresh failed")
 
@@ -185,9 +199,11 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     scheduler: Scheduler | None = None
     matcher: KvAwareMatcher | None = None
     balancer: Balancer
+    traffic = DEFAULT_TRAFFIC
     if settings.router_config_path:
         # validated by the parent (cli.py); read once per worker, no reload (as Kthena)
         router_cfg = load_router_configuration_file(settings.router_config_path)
+        traffic = router_cfg.traffic
         balancer = scheduler = Scheduler(router_cfg.scheduler, metrics, hot_spot_abs=settings.hot_spot_abs,
                                          hot_spot_rel=settings.hot_spot_rel)
         kv_args = router_cfg.scheduler.args.get("kvcache-aware")
@@ -204,7 +220,13 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     prober = HealthProber(lambda: pool.session, all_targets, settings.health_probe_interval_s,
                           settings.health_probe_timeout_s)
     forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober)
-    applier = ConfigApplier(settings, holder, registry, metrics)
+    applier = ConfigApplier(settings, holder, registry, metrics, traffic)
+
+    def prune_pools(state: RouterState) -> None:
+        """Pod churn must not grow memory: forget the connections of endpoints that left."""
+        pool.h1.retain({(ep.ip, ep.port) for ep in registry.unique(state.targets)})
+
+    applier.after_swap.append(prune_pools)
 
     def health_changed(key: str, healthy: bool) -> None:
         state = holder.current

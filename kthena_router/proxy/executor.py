@@ -1,10 +1,15 @@
 """Attempt/retry executor: candidates, one upstream attempt after another, health feedback.
 
 Retry rule: an attempt may fail and move to the next candidate only while nothing has
-been sent to the client (`Exchange.committed`). Connect errors, timeouts before the
+been sent to the client (`Exchange.committed`), and while the total timeout leaves time. Connect errors, timeouts before the
 response head and 5xx answers are decided here; everything after the head is the
 relay's (relay.py), chosen by the response: an event stream for a streamed request goes
 to the SSE relay, anything else to the buffered JSON relay.
+
+Timeouts (semantics in config/traffic.py): connect within `connect`, a pool slot within
+`poolWait` (else 503, not the endpoint's fault), the response head within `response`
+from the attempt's start, and for streams also within `firstToken` from the send; the
+relays bound the first event and the gaps between reads. `total` caps all of it.
 """
 
 from __future__ import annotations
@@ -18,14 +23,18 @@ from kthena_router.endpoints.health import Failure, HealthProber
 from kthena_router.endpoints.registry import EndpointState
 from kthena_router.errors import RequestError
 from kthena_router.metrics import RouterMetrics
-from kthena_router.proxy.relay import AttemptFailure, Exchange, Relay
+from kthena_router.config.traffic import ServerTraffic
+from kthena_router.proxy.relay import AttemptFailure, Exchange, Relay, earliest, timeout_detail
 from kthena_router.proxy.relay_json import JsonRelay
 from kthena_router.proxy.relay_sse import SseStreamRelay
-from kthena_router.proxy.upstream import H1Conn, Response, UpstreamConnectError, UpstreamError, \
-    UpstreamPool, UpstreamTimeout
+from kthena_router.proxy.upstream import BodyTooLarge, H1Conn, PoolExhausted, Response, UpstreamConnectError, \
+    UpstreamError, UpstreamPool, UpstreamTimeout
 from kthena_router.routing.table import RouteMatch
 from kthena_router.scheduling.request import RequestInfo
 from kthena_router.settings import RouterSettings
+
+
+_MAX_ERROR_BODY = 1 << 16  # a larger 5xx body is not worth keeping the connection for
 
 
 class Executor:
@@ -43,13 +52,19 @@ class Executor:
         self.buffered_relay: Relay = buffered_relay or JsonRelay()
 
     async def run(self, x: Exchange, match: RouteMatch, targets: tuple[EndpointState, ...],
-                  info: RequestInfo | None, head: bytes, tail: bytes, payload: bytes) -> None:
+                  info: RequestInfo | None, head: bytes, tail: bytes, payload: bytes,
+                  traffic: ServerTraffic) -> None:
         """Deliver a response to the client, or raise RequestError (nothing sent yet).
 
         `head` is the request line, `tail` the headers after Host (CRLF-terminated, with
-        the final empty line), `payload` the body."""
+        the final empty line), `payload` the body; `traffic` the server's resolved settings."""
         server = match.server
         balancer = self.balancer
+        loop = asyncio.get_running_loop()
+        t = x.timeouts = traffic.timeouts
+        x.max_buffered = traffic.max_buffered_response_bytes
+        if t.total_s is not None:
+            x.deadline = loop.time() + t.total_s
         if info is not None:
             await balancer.prepare(info)
         candidates = balancer.candidates(server.key, targets, info)
@@ -60,21 +75,23 @@ class Executor:
             attempts = 1 + server.retry_attempts
         else:  # no retry policy: each candidate at most once, up to the default count
             attempts = min(self.settings.default_retry_endpoints, len(candidates))
-        first_byte_s = server.timeout_s if server.timeout_s is not None \
-            else self.settings.default_first_byte_timeout_s
         last: AttemptFailure | None = None
         idx = 0
+        tried = 0
         for attempt in range(attempts):
             ep = _next_healthy(candidates, idx)
             if ep is None:
                 break
             idx = candidates.index(ep) + 1
             if attempt:
+                if x.deadline is not None and loop.time() + server.retry_interval_s >= x.deadline:
+                    break  # no time left for another attempt
                 self.metrics.retry(x.server_label)
                 if server.retry_interval_s > 0:
                     await asyncio.sleep(server.retry_interval_s)
             x.endpoint_label = ep.key
-            last = await self._attempt(x, ep, head, tail, payload, first_byte_s, info)
+            tried += 1
+            last = await self._attempt(x, ep, head, tail, payload, info)
             if last is None:
                 ep.health.record_success()
                 return
@@ -84,14 +101,12 @@ class Executor:
                 return
         if last is None:
             raise RequestError(503, f"no healthy endpoint for model `{x.model_label}`")
-        n = attempts if attempts > 1 else 1
         if last.failure is Failure.TIMEOUT:
-            raise RequestError(504, f"upstream timed out before the first byte ({last.detail}; {n} attempt(s))",
-                               code=504)
-        raise RequestError(502, f"upstream request failed ({last.detail}; {n} attempt(s))", code=502)
+            raise RequestError(504, f"upstream timed out: {last.detail} ({tried} attempt(s))", code=504)
+        raise RequestError(502, f"upstream request failed ({last.detail}; {tried} attempt(s))", code=502)
 
     async def _attempt(self, x: Exchange, ep: EndpointState, head: bytes, tail: bytes, payload: bytes,
-                       first_byte_s: float | None, info: Any) -> AttemptFailure | None:
+                       info: Any) -> AttemptFailure | None:
         """One upstream attempt; None when a complete response went to the client."""
         balancer = self.balancer
         gauge = self.metrics.upstream(x.route_label, x.server_label, ep.key)
@@ -100,29 +115,49 @@ class Executor:
         resp: Response | None = None
         x.begin_attempt(time.perf_counter())
         balancer.dispatched(ep, info)
+        t = x.timeouts
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        response_at = start + t.response_s if t.response_s is not None else None
+        head_at = first_at = None
         try:
             pool = self.pool.h1
             dest = pool.dest(ep.ip, ep.port, ep.ssl, ep.server_hostname, ep.host)
             try:
-                conn = await pool.acquire(dest)
-                conn.timeout_s = first_byte_s
+                connect_at = earliest(start + t.connect_s, response_at, x.deadline)
+                wait_at = earliest(start + t.pool_wait_s, x.deadline)
+                conn = await pool.acquire(dest, connect_at - start, wait_at - start)  # type: ignore[operator]
                 conn.send(head + dest.host_line + tail, payload)
+                if x.stream and t.first_token_s is not None:
+                    first_at = loop.time() + t.first_token_s
+                x.first_token_at = first_at
+                conn.timeout_s = None
+                conn.deadline = head_at = earliest(response_at, first_at, x.deadline)
                 resp = await conn.read_head()
-            except UpstreamTimeout:
-                return AttemptFailure(Failure.TIMEOUT, "no response")
+            except UpstreamTimeout as exc:
+                if first_at is not None and (response_at is None or first_at < response_at):
+                    phase = f"no first token within firstToken ({t.first_token_s:g}s)"
+                else:
+                    phase = f"no response headers within the response timeout ({t.response_s:g}s)"
+                return AttemptFailure(Failure.TIMEOUT, timeout_detail(x, exc, head_at, phase))
             except UpstreamConnectError:
                 return AttemptFailure(Failure.CONNECT, "connection failed")
+            except PoolExhausted as exc:
+                raise RequestError(503, f"the router is overloaded: {exc}; retry later",
+                                   code="pool_exhausted") from None
             except (UpstreamError, OSError) as exc:
                 return AttemptFailure(Failure.DIED, f"connection lost before the response ({type(exc).__name__})")
             status = resp.status
             if status >= 500:
                 try:
-                    await resp.read_all()
-                except (UpstreamError, OSError):
+                    resp.set_timeouts(t.idle_s, x.deadline)
+                    await resp.read_all(_MAX_ERROR_BODY)  # keeps the connection when small
+                except (UpstreamError, OSError, BodyTooLarge):
                     pass
                 return AttemptFailure(Failure.HTTP_5XX, f"upstream HTTP {status}")
             if status == 200 and x.stream and resp.content_type.startswith("text/event-stream"):
                 return await self.stream_relay.relay(x, resp)
+            resp.set_timeouts(t.idle_s, x.deadline)
             return await self.buffered_relay.relay(x, resp)
         finally:
             gauge.dec()

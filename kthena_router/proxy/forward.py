@@ -16,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 import time
 from typing import Any
 from urllib.parse import quote
 
+from kthena_router.config.traffic import Admission, ServerTraffic
 from kthena_router.endpoints.balancer import Balancer
 from kthena_router.endpoints.health import HealthProber
 from kthena_router.endpoints.registry import EndpointState
@@ -127,6 +129,12 @@ class Forwarder:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
+        state = self.holder.current
+        if state is not None:
+            admission = state.traffic.admission
+            if admission.max_in_flight_per_worker and self.in_flight >= admission.max_in_flight_per_worker:
+                await self._shed(scope, send, admission, t0)
+                return
         self.in_flight += 1
         self.idle.clear()
         req = _Request(self, scope, t0, send)
@@ -136,6 +144,19 @@ class Forwarder:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self.idle.set()
+
+
+    async def _shed(self, scope: Scope, send: Send, admission: Admission, t0: float) -> None:
+        """Over the admission limit: 503 + Retry-After before reading the body, so that
+        memory does not grow with the queue (step 5's fair queue replaces this)."""
+        retry_after = str(max(1, math.ceil(admission.retry_after_s))).encode()
+        err = RequestError(503, f"the router is overloaded ({self.in_flight} requests in flight in this "
+                                f"worker, limit {admission.max_in_flight_per_worker}); retry after "
+                                f"{retry_after.decode()}s", code="overloaded")
+        with contextlib.suppress(Exception):
+            await send_error(send, err, [(b"retry-after", retry_after)])
+        self.metrics.observe_request("", _path_label(scope["path"]), 503, "overloaded", "", "", "",
+                                     time.perf_counter() - t0)
 
 
 class _Request(Exchange):
@@ -181,7 +202,8 @@ class _Request(Exchange):
                 downstream = self.fw.metrics.downstream(body.model)
                 downstream.inc()
                 watch = self.watch = _Disconnect(receive)
-                await self._forward(body, match, state.targets.get(match.server.key, ()))
+                await self._forward(body, match, state.targets.get(match.server.key, ()),
+                                    state.traffic_of(match.server.key))
             except RequestError as err:
                 self.status = err.status
                 self.error_type = err.type
@@ -248,7 +270,8 @@ class _Request(Exchange):
 
     # --- forwarding -------------------------------------------------------------------
 
-    async def _forward(self, body: Any, match: RouteMatch, targets: tuple[EndpointState, ...]) -> None:
+    async def _forward(self, body: Any, match: RouteMatch, targets: tuple[EndpointState, ...],
+                       traffic: ServerTraffic) -> None:
         fw = self.fw
         server = match.server
         self.route_label = f"{match.route.namespace}/{match.route.name}"
@@ -266,7 +289,7 @@ class _Request(Exchange):
         # request line and headers except Host (per endpoint), then the body's length
         head = _request_line(self.path)
         tail = headers + b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n"
-        await fw.executor.run(self, match, targets, info, head, tail, payload)
+        await fw.executor.run(self, match, targets, info, head, tail, payload, traffic)
 
     def start_headers(self, resp: Response, body_len: int | None) -> list[tuple[bytes, bytes]]:
         out = [(k, v) for k, v in resp.raw_headers if k.lower() not in _DROP_RESPONSE]

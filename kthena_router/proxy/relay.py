@@ -11,8 +11,13 @@ Rules a relay follows:
 - It commits with `x.commit(status)` right before sending the status line; after that a
   failure ends the response in the relay's own protocol (SSE error event, no [DONE]) and
   the failure is still returned, so that the executor records it (no retry then).
-- It never records endpoint health or upstream-error metrics: the executor does, from
-  the returned value (None = the upstream delivered a complete response).
+- It never records endpoint health: the executor does, from the returned value (None =
+  the upstream delivered a complete response).
+- It may raise `RequestError` before the commit for an answer that is final and not the
+  endpoint's fault (e.g. a reply over the buffered-size cap): no retry, no health record.
+- Timeouts (config/traffic.py): the executor has bounded the response head; before its
+  first event a stream waits until `x.first_token_at`, after it each read waits at most
+  `x.timeouts.idle_s` (`Response.set_timeouts`); `x.deadline` (total) bounds everything.
 """
 
 from __future__ import annotations
@@ -20,17 +25,37 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kthena_router.config.traffic import Timeouts
 from kthena_router.endpoints.health import Failure
 
 if TYPE_CHECKING:
-    from kthena_router.config.traffic import Timeouts
     from kthena_router.metrics import RouterMetrics
-    from kthena_router.proxy.upstream import Response
+    from kthena_router.proxy.upstream import Response, UpstreamTimeout
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+
+DEFAULT_TIMEOUTS = Timeouts()
+
+
+def earliest(*times: float | None) -> float | None:
+    """The earliest of some optional deadlines (None: no bound)."""
+    out = None
+    for t in times:
+        if t is not None and (out is None or t < out):
+            out = t
+    return out
+
+
+def timeout_detail(x: Exchange, exc: UpstreamTimeout, phase_at: float | None, phase: str) -> str:
+    """What an UpstreamTimeout means: the total timeout, or the phase's own bound
+    (`phase_at` its deadline, None for an idle bound; `phase` describes it)."""
+    if exc.at_deadline and x.deadline is not None and (phase_at is None or x.deadline <= phase_at):
+        return f"the request's total timeout ({x.timeouts.total_s:g}s) passed"
+    return phase
 
 
 class AttemptFailure:
@@ -54,7 +79,7 @@ class Exchange:
 
     __slots__ = ("send", "metrics", "t0", "path", "path_label", "request_id", "model_label", "route_label",
                  "server_label", "endpoint_label", "status", "error_type", "committed", "stream", "inject",
-                 "timeouts", "deadline", "att_t0", "att_ttft", "att_tpot", "att_prompt_tokens")
+                 "timeouts", "deadline", "first_token_at", "max_buffered", "att_t0", "att_ttft", "att_tpot", "att_prompt_tokens")
 
     def __init__(self, metrics: RouterMetrics, t0: float, path: str, path_label: str) -> None:
         self.send: Send = _no_send
@@ -72,8 +97,10 @@ class Exchange:
         self.committed = False  # the status line went to the client: no retry from here
         self.stream = False  # the client asked for a stream
         self.inject = False  # the router added stream_options.include_usage (hide that chunk)
-        self.timeouts: Timeouts | None = None  # the ModelServer's effective timeouts
-        self.deadline: float | None = None  # loop time at which the whole request gives up
+        self.timeouts: Timeouts = DEFAULT_TIMEOUTS  # the ModelServer's effective timeouts
+        self.deadline: float | None = None  # loop time at which the whole request gives up (total)
+        self.first_token_at: float | None = None  # loop time: this attempt's first-token deadline
+        self.max_buffered = 0  # cap of a buffered reply (maxBufferedResponseBytes)
         # the current attempt's start and what it measured (fed back to the scheduler)
         self.att_t0 = 0.0
         self.att_ttft: float | None = None

@@ -2,7 +2,8 @@
 
 The whole body is read and checked before the status line goes out, so an engine that
 breaks off or returns invalid JSON is retried elsewhere. The body is then passed on
-unchanged, with its usage counted.
+unchanged, with its usage counted. The body is held in memory, so it is capped
+(maxBufferedResponseBytes: over it 502, the connection dropped).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import time
 import orjson
 
 from kthena_router.endpoints.health import Failure
-from kthena_router.proxy.relay import AttemptFailure, Exchange, int_or_none
-from kthena_router.proxy.upstream import Response, UpstreamError, UpstreamTimeout
+from kthena_router.errors import RequestError
+from kthena_router.proxy.relay import AttemptFailure, Exchange, int_or_none, timeout_detail
+from kthena_router.proxy.upstream import BodyTooLarge, Response, UpstreamError, UpstreamTimeout
 
 # Paths whose 200 answer is JSON whatever content-type the engine claims.
 _JSON_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -23,11 +25,21 @@ class JsonRelay:
     """Stateless; one per worker."""
 
     async def relay(self, x: Exchange, resp: Response) -> AttemptFailure | None:
+        # The executor has set the idle bound between body reads and the total deadline.
         try:
-            data = await resp.read_all()
-        except (UpstreamError, OSError) as exc:
-            kind = Failure.TIMEOUT if isinstance(exc, UpstreamTimeout) else Failure.DIED
-            return AttemptFailure(kind, "response body incomplete")
+            data = await resp.read_all(x.max_buffered)
+        except UpstreamTimeout as exc:
+            return AttemptFailure(Failure.TIMEOUT, timeout_detail(
+                x, exc, None, f"response body stalled beyond the idle timeout ({x.timeouts.idle_s:g}s)"))
+        except (UpstreamError, OSError):
+            return AttemptFailure(Failure.DIED, "response body incomplete")
+        except BodyTooLarge:
+            # The engine did its job; the reply is too big for this router to buffer. Not
+            # retried (another engine would answer the same) and not an endpoint failure.
+            x.metrics.upstream_error(x.server_label, x.endpoint_label, "response_too_large")
+            raise RequestError(502, f"the upstream reply exceeds the router's buffered-reply limit "
+                                    f"(maxBufferedResponseBytes: {x.max_buffered} bytes); ask for a smaller "
+                                    f"reply or stream it", code="response_too_large") from None
         status = resp.status
         usage = None
         if status == 200:

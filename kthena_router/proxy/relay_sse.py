@@ -11,7 +11,7 @@ import time
 
 from kthena_router.endpoints.health import Failure
 from kthena_router.errors import sse_error_event
-from kthena_router.proxy.relay import AttemptFailure, Exchange, int_or_none
+from kthena_router.proxy.relay import AttemptFailure, Exchange, earliest, int_or_none, timeout_detail
 from kthena_router.proxy.sse import InvalidStream, SseRelay
 from kthena_router.proxy.upstream import Response, UpstreamError, UpstreamTimeout
 
@@ -21,7 +21,10 @@ class SseStreamRelay:
 
     async def relay(self, x: Exchange, resp: Response) -> AttemptFailure | None:
         relay = SseRelay(hide_usage=x.inject)
+        t = x.timeouts
         # Before the commit: wait for the first complete event; failures here are retried.
+        first_at = x.first_token_at
+        resp.set_timeouts(None, earliest(first_at, x.deadline))
         first = b""
         try:
             while not first:
@@ -31,11 +34,13 @@ class SseStreamRelay:
                 first = relay.feed(chunk)
         except InvalidStream as exc:
             return AttemptFailure(Failure.INVALID, f"invalid stream from upstream: {exc}")
-        except UpstreamTimeout:
-            return AttemptFailure(Failure.TIMEOUT, "no first event")
+        except UpstreamTimeout as exc:
+            return AttemptFailure(Failure.TIMEOUT, timeout_detail(
+                x, exc, first_at, f"no first token within firstToken ({t.first_token_s:g}s)"))
         except (UpstreamError, OSError):
             return AttemptFailure(Failure.DIED, "upstream stream broke before the first event")
         send = x.send
+        resp.set_timeouts(t.idle_s, x.deadline)
         x.commit(200)
         await send({"type": "http.response.start", "status": 200, "headers": x.start_headers(resp, None)})
         t_first = time.perf_counter()
@@ -48,6 +53,7 @@ class SseStreamRelay:
         await send({"type": "http.response.body", "body": first, "more_body": not ended})
         t_last = t_first
         failure: Failure | None = None
+        detail = ""
         if not ended:
             try:
                 while True:
@@ -67,8 +73,9 @@ class SseStreamRelay:
                             break
             except InvalidStream:
                 failure = Failure.INVALID
-            except UpstreamTimeout:
+            except UpstreamTimeout as exc:
                 failure = Failure.TIMEOUT
+                detail = timeout_detail(x, exc, None, f"no event within the idle timeout ({t.idle_s:g}s)")
             except (UpstreamError, OSError):
                 failure = Failure.DIED
             if failure is None and not relay.saw_done:
@@ -79,7 +86,7 @@ class SseStreamRelay:
             x.last_send()
             await send({"type": "http.response.body", "more_body": False,
                         "body": sse_error_event("upstream failed during the stream "
-                                                f"({failure.value}); the response is incomplete")})
+                                                f"({detail or failure.value}); the response is incomplete")})
         elif not ended:
             x.last_send()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -93,4 +100,4 @@ class SseStreamRelay:
             if completion is not None and completion > 1 and failure is None:
                 x.att_tpot = (t_last - t_first) / (completion - 1)
                 metrics.observe_tpot(x.model_label, x.path_label, x.att_tpot)
-        return None if failure is None else AttemptFailure(failure, "after the first event")
+        return None if failure is None else AttemptFailure(failure, detail or "after the first event")

@@ -2,23 +2,21 @@
 
 Proxied requests (the hot path) use `H1Pool`, a minimal HTTP/1.1 client on asyncio
 protocols: pooled keep-alive connections per endpoint, TCP_NODELAY, https (SNI and
-verification as configured), a connect timeout and a read-idle timeout, and closing the
-connection when a request is abandoned (the engine sees the disconnect and aborts).
+verification as configured), per-request connect and pool-wait bounds, a read deadline
+plus a read-idle timeout (executor.py sets them per phase), and closing the connection
+when a request is abandoned (the engine sees the disconnect and aborts). Destinations
+that leave the config are pruned (`retain`), their idle connections closed.
 Health probes and metrics scrapes keep using one aiohttp ClientSession (`session`).
 
-Why not aiohttp on the hot path (measured on the 2-core dev VM, 1 worker, fast simulator,
-16-token streamed chat): a cProfile of the request path showed aiohttp's per-TCP-segment
-response machinery (chunked-parser callback, StreamReader.feed_data, per-chunk
-resume_reading, _read_nowait_chunk; ~17 segments per reply) plus ClientSession._request
-at about two thirds of the app's Python time. Replacing it: app-only CPU 0.39 -> 0.30 ms
-per request (ASGI app driven in-process); whole router (loadtest.bench_overhead, two
-interleaved runs each) CPU 0.85 -> 0.68-0.73 ms per request and added p50 0.68-0.73 ->
-0.43-0.46 ms at concurrency 1.
+Why not aiohttp on the hot path: its per-TCP-segment response machinery was about two
+thirds of the app's Python time (measurements in docs/architecture.md, "Upstream client").
 
 Failure mapping (forward.py turns these into retry decisions): `UpstreamConnectError`
-(refused, unreachable, TLS handshake, connect timeout), `UpstreamTimeout` (no byte within
-the read-idle bound), `UpstreamClosed` (the connection broke or closed early),
-`UpstreamProtocolError` (not HTTP/1.x). All derive from `UpstreamError`.
+(refused, unreachable, TLS handshake, connect timeout), `UpstreamTimeout` (the read
+deadline passed, or no byte within the read-idle bound), `UpstreamClosed` (the connection
+broke or closed early), `UpstreamProtocolError` (not HTTP/1.x). All derive from
+`UpstreamError`. Not an upstream's fault, so not an `UpstreamError`: `PoolExhausted` (no
+connection slot within the pool-wait bound) and `BodyTooLarge` (a buffered body over its cap).
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ import aiohttp
 from kthena_router.settings import RouterSettings
 
 KEEPALIVE_S = 75.0
+PROBE_CONNECT_S = 5.0  # probes and scrapes have their own overall timeouts as well
 _SWEEP_S = 10.0
 _HIGH_WATER = 1 << 18  # pause reading when this much undelivered body is buffered
 _MAX_HEAD = 1 << 16
@@ -49,7 +48,17 @@ class UpstreamConnectError(UpstreamError):
 
 
 class UpstreamTimeout(UpstreamError):
-    pass
+    def __init__(self, message: str, at_deadline: bool) -> None:
+        super().__init__(message)
+        self.at_deadline = at_deadline  # False: the idle bound fired
+
+
+class PoolExhausted(Exception):
+    """Every connection slot of the worker's pool stayed busy for the whole pool wait."""
+
+
+class BodyTooLarge(Exception):
+    """A response body to be buffered exceeds its cap."""
 
 
 class UpstreamClosed(UpstreamError):
@@ -63,7 +72,7 @@ class UpstreamProtocolError(UpstreamError):
 class _Dest:
     """One upstream address (plus TLS identity): its idle connections and Host header."""
 
-    __slots__ = ("ip", "port", "ssl", "server_hostname", "host_line", "idle")
+    __slots__ = ("ip", "port", "ssl", "server_hostname", "host_line", "idle", "live")
 
     def __init__(self, ip: str, port: int, ssl_ctx: ssl.SSLContext | None, server_hostname: str | None,
                  host_header: str) -> None:
@@ -73,13 +82,14 @@ class _Dest:
         self.server_hostname = server_hostname
         self.host_line = b"host: " + host_header.encode("latin-1") + b"\r\n"
         self.idle: list[H1Conn] = []
+        self.live = True  # False once pruned: its connections close instead of idling
 
 
 class H1Conn(asyncio.Protocol):
     """One upstream connection; at most one request at a time."""
 
     __slots__ = ("pool", "dest", "transport", "buf", "waiter", "eof", "exc", "closed", "idle_since",
-                 "paused", "timer", "timeout_s", "counted")
+                 "paused", "timer", "timeout_s", "deadline", "timer_at_deadline", "counted")
 
     def __init__(self, pool: H1Pool, dest: _Dest) -> None:
         self.pool = pool
@@ -93,7 +103,9 @@ class H1Conn(asyncio.Protocol):
         self.idle_since = 0.0
         self.paused = False
         self.timer: asyncio.TimerHandle | None = None
-        self.timeout_s: float | None = None
+        self.timeout_s: float | None = None  # read-idle bound of each wait
+        self.deadline: float | None = None  # loop time by which the awaited bytes must come
+        self.timer_at_deadline = False
         self.counted = True  # holds one of the pool's connection slots
 
     # --- protocol callbacks ---------------------------------------------------------
@@ -151,10 +163,11 @@ class H1Conn(asyncio.Protocol):
         if w is not None:
             self.waiter = None
             if not w.done():
-                w.set_exception(UpstreamTimeout("no data from upstream within the read timeout"))
+                w.set_exception(UpstreamTimeout("no data from upstream in time", self.timer_at_deadline))
 
     async def wait_data(self) -> None:
-        """Wait until more bytes (or EOF) arrive; UpstreamTimeout after `timeout_s` idle."""
+        """Wait until more bytes (or EOF) arrive; UpstreamTimeout after `timeout_s` idle
+        or at `deadline`, whichever comes first."""
         if self.eof:
             raise UpstreamClosed("upstream closed the connection") from self.exc
         if self.paused and self.transport is not None:
@@ -163,8 +176,16 @@ class H1Conn(asyncio.Protocol):
         loop = self.pool.loop
         w = self.waiter = loop.create_future()
         t = self.timeout_s
+        at = self.deadline
         if t is not None:
-            self.timer = loop.call_at(loop.time() + t, self._on_timeout)
+            idle_at = loop.time() + t
+            self.timer_at_deadline = at is not None and at <= idle_at
+            if not self.timer_at_deadline:
+                at = idle_at
+        else:
+            self.timer_at_deadline = True
+        if at is not None:
+            self.timer = loop.call_at(at, self._on_timeout)
         try:
             await w
         finally:
@@ -323,13 +344,22 @@ class Response:
             await conn.wait_data()
         return b""
 
-    async def read_all(self) -> bytes:
+    async def read_all(self, limit: int | None = None) -> bytes:
+        """The whole body; BodyTooLarge (connection dropped) once it exceeds `limit` bytes."""
+        if limit is not None and self._length is not None and self._length > limit:
+            self.close()
+            raise BodyTooLarge(f"{self._length} bytes")
         parts = []
+        size = 0
         while True:
             chunk = await self.read_some()
             if not chunk:
                 break
             parts.append(chunk)
+            size += len(chunk)
+            if limit is not None and size > limit:
+                self.close()
+                raise BodyTooLarge(f"over {limit} bytes")
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def close(self) -> None:
@@ -338,11 +368,22 @@ class Response:
             self.done = True
             self.conn.close()
 
+    def set_timeouts(self, idle_s: float | None, deadline: float | None) -> None:
+        """Bound the following reads: `idle_s` per wait and the loop time `deadline`."""
+        conn = self.conn
+        conn.timeout_s = idle_s
+        conn.deadline = deadline
+
     def header(self, name: bytes) -> bytes | None:
         for k, v in self.raw_headers:
             if k.lower() == name:
                 return v
         return None
+
+
+def _expire(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_exception(PoolExhausted())
 
 
 def _parse_head(head: bytes, conn: H1Conn) -> Response:
@@ -400,9 +441,8 @@ def _parse_head(head: bytes, conn: H1Conn) -> Response:
 class H1Pool:
     """Keep-alive connections per upstream address; at most `limit` open at once."""
 
-    def __init__(self, limit: int, connect_timeout_s: float) -> None:
+    def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.connect_timeout_s = connect_timeout_s
         self.loop = asyncio.get_running_loop()
         self._dests: dict[tuple[Any, ...], _Dest] = {}
         self._open = 0
@@ -430,7 +470,9 @@ class H1Pool:
             d = self._dests[key] = _Dest(ip, port, ctx, server_hostname, host_header)
         return d
 
-    async def acquire(self, d: _Dest) -> H1Conn:
+    async def acquire(self, d: _Dest, connect_s: float, wait_s: float) -> H1Conn:
+        """A connection to `d`: an idle one, or a new one (connect bounded by `connect_s`);
+        PoolExhausted when no slot frees up within `wait_s`."""
         idle = d.idle
         while idle:
             conn = idle.pop()
@@ -438,23 +480,32 @@ class H1Pool:
             if not conn.closed and not conn.eof:
                 return conn
             conn.close()
+        wait_until = 0.0
         while self._open >= self.limit:
             if self._close_any_idle():
                 continue
             fut = self.loop.create_future()
             self._waiters.append(fut)
+            if not wait_until:
+                wait_until = self.loop.time() + wait_s
+            timer = self.loop.call_at(wait_until, _expire, fut)
             try:
                 await fut
+            except PoolExhausted:
+                raise PoolExhausted(f"no free upstream connection within {wait_s:g}s "
+                                    f"({self.limit} in use)") from None
             except BaseException:
-                if fut.done() and not fut.cancelled():
-                    self._wake_one()
+                if fut.done() and not fut.cancelled() and fut.exception() is None:
+                    self._wake_one()  # woken and cancelled at once: pass the slot on
                 raise
+            finally:
+                timer.cancel()
             if idle:
-                return await self.acquire(d)
+                return await self.acquire(d, connect_s, max(0.0, wait_until - self.loop.time()))
         self._open += 1
         conn = H1Conn(self, d)
         try:
-            async with asyncio.timeout(self.connect_timeout_s):
+            async with asyncio.timeout(connect_s):
                 await self.loop.create_connection(
                     lambda: conn, d.ip, d.port, ssl=d.ssl,
                     server_hostname=d.server_hostname if d.ssl is not None else None)
@@ -479,11 +530,11 @@ class H1Pool:
         return False
 
     def _release(self, conn: H1Conn) -> None:
-        if self._closing:
+        if self._closing or not conn.dest.live:
             conn.close()
             return
         conn.idle_since = time.monotonic() or 1e-9
-        conn.timeout_s = None
+        conn.timeout_s = conn.deadline = None
         conn.dest.idle.append(conn)
         if self._waiters:
             self._wake_one()
@@ -504,6 +555,23 @@ class H1Pool:
             if not fut.done():
                 fut.set_result(None)
                 return
+
+    def retain(self, live: set[tuple[str, int]]) -> int:
+        """Drop the destinations whose (ip, port) is not in `live` and close their idle
+        connections (in-use ones close when released); returns how many were dropped."""
+        gone = [k for k, d in self._dests.items() if (d.ip, d.port) not in live]
+        for k in gone:
+            d = self._dests.pop(k)
+            d.live = False
+            for conn in d.idle:
+                conn.idle_since = 0.0
+                conn.close()
+            d.idle.clear()
+        return len(gone)
+
+    @property
+    def destinations(self) -> int:
+        return len(self._dests)
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -548,10 +616,10 @@ class UpstreamPool:
             auto_decompress=False,
             # Only the client's headers go upstream; no aiohttp defaults (User-Agent ...).
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._settings.connect_timeout_s),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=PROBE_CONNECT_S),
             read_bufsize=2 ** 16,
         )
-        self._h1 = H1Pool(self._settings.upstream_pool_size, self._settings.connect_timeout_s)
+        self._h1 = H1Pool(self._settings.upstream_pool_size)
 
     @property
     def session(self) -> aiohttp.ClientSession:
