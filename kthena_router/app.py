@@ -37,7 +37,7 @@ from kthena_router.engine_state.scraper import EngineStateScraper
 from kthena_router.errors import error_response
 from kthena_router.metrics import RouterMetrics, ensure_multiprocess
 from kthena_router.proxy.forward import Forwarder, Receive, Scope, Send
-from kthena_router.proxy.upstream import UpstreamPool
+from kthena_router.proxy.upstream import H1Pool, UpstreamPool
 from kthena_router.routing.table import RouteTable
 from kthena_router.kv_events import EventSource
 from kthena_router.scheduling.config import KvCacheAwareArgs, load_router_configuration_file
@@ -138,6 +138,16 @@ class ConfigApplier:
                 log.exception("DNS refresh failed")
 
 
+def pool_pruner(h1: Callable[[], H1Pool]) -> Callable[[RouterState], None]:
+    """After a state swap: pod churn must not grow memory, so the upstream pool forgets
+    (and closes the idle connections of) every destination that is no longer a target."""
+
+    def prune(state: RouterState) -> None:
+        h1().retain({(ep.ip, ep.port) for ep in EndpointRegistry.unique(state.targets)})
+
+    return prune
+
+
 def _scheduler_sync(scheduler: Scheduler, scraper: EngineStateScraper,
                     matcher: KvAwareMatcher | None = None) -> Callable[[RouterState], None]:
     """After a state swap: reconcile scorers/index, scrape exactly the live endpoints and
@@ -221,12 +231,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                           settings.health_probe_timeout_s)
     forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober)
     applier = ConfigApplier(settings, holder, registry, metrics, traffic)
-
-    def prune_pools(state: RouterState) -> None:
-        """Pod churn must not grow memory: forget the connections of endpoints that left."""
-        pool.h1.retain({(ep.ip, ep.port) for ep in registry.unique(state.targets)})
-
-    applier.after_swap.append(prune_pools)
+    applier.after_swap.append(pool_pruner(lambda: pool.h1))
 
     def health_changed(key: str, healthy: bool) -> None:
         state = holder.current

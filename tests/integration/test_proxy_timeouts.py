@@ -4,6 +4,7 @@ One simulator (4 engines) and one router (1 worker) with a router configuration:
 `short` -> ModelServer `short` (engines 0, 1) with a per-server override of short
 timeouts and a small buffered-reply cap; model `long` -> ModelServer `long` (engines 2,
 3) with the long defaults. The same fault on both servers shows the override honoured.
+Model `capped` -> ModelServer `capped` (engines 0, 1 again) with only a total timeout.
 """
 
 from __future__ import annotations
@@ -21,12 +22,18 @@ import pytest
 
 ADMISSION = 6
 RETRY_AFTER = "2"
+# A scheduler without filters: every endpoint is a candidate, so that retries are predictable.
 ROUTER_CONFIG = f"""
+scheduler:
+  plugins:
+    Filter: {{enabled: []}}
+    Score: {{enabled: [{{name: least-request, weight: 1}}]}}
 traffic:
   timeouts: {{response: 30s, firstToken: 30s, idle: 30s, poolWait: 1s}}
   admission: {{maxInFlightPerWorker: {ADMISSION}, retryAfter: {RETRY_AFTER}s}}
   modelServers:
     short: {{timeouts: {{response: 2s, firstToken: 1s, idle: 1s}}, maxBufferedResponseBytes: 3000}}
+    capped: {{timeouts: {{total: 1500ms}}}}
 """
 SHORT = (0, 1)
 LONG = (2, 3)
@@ -35,7 +42,7 @@ MSGS = [{"role": "user", "content": "hello"}]
 
 def _config(ports: list[int]) -> list[dict]:
     docs: list[dict] = []
-    for name, engines in (("short", SHORT), ("long", LONG)):
+    for name, engines in (("short", SHORT), ("long", LONG), ("capped", SHORT)):
         labels = {"app": name}
         docs.append(harness.route_doc(name, name, name))
         docs.append(harness.server_doc(name, "demo", labels, retry_attempts=1, retry_interval="50ms"))
@@ -84,7 +91,7 @@ def _all_healthy(router: harness.Router, n: int) -> bool:
 @pytest.fixture
 def router(router_proc: harness.Router, sim: harness.Simulator) -> Iterator[harness.Router]:
     sim.reset_faults()
-    harness.wait_until(lambda: _all_healthy(router_proc, 4), 60, interval=0.1, what="all endpoints healthy")
+    harness.wait_until(lambda: _all_healthy(router_proc, 6), 60, interval=0.1, what="all endpoints healthy")
     sim.reset_requests()
     yield router_proc
     sim.reset_faults()
@@ -182,7 +189,7 @@ def test_buffered_reply_over_the_cap_is_502_and_not_an_endpoint_failure(
         err = r.json()["error"]
         assert err["code"] == "response_too_large" and "maxBufferedResponseBytes" in err["message"], err
         assert sum(_received(sim, SHORT)) == 1, "a reply too large to buffer was retried"
-        assert _all_healthy(router, 4), "the engine was counted as failing"
+        assert _all_healthy(router, 6), "the engine was counted as failing"
         # the same reply streamed is not buffered, so not capped
         status, events = _sse_events(router, "short", 1000)
         assert status == 200 and events[-1] == b"data: [DONE]"
@@ -195,9 +202,9 @@ def test_buffered_reply_over_the_cap_is_502_and_not_an_endpoint_failure(
 async def _hold(router: harness.Router, model: str, n: int) -> list[asyncio.Task]:
     client = httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=n + 4))
 
-    async def one() -> None:
-        await client.post(f"{router.openai_url}/chat/completions",
-                          json={"model": model, "messages": MSGS, "max_tokens": 2, "stream": True})
+    async def one() -> httpx.Response:
+        return await client.post(f"{router.openai_url}/chat/completions",
+                                 json={"model": model, "messages": MSGS, "max_tokens": 2, "stream": True})
 
     return [asyncio.ensure_future(one()) for _ in range(n)] + [asyncio.ensure_future(_never(client))]
 
@@ -209,9 +216,12 @@ async def _never(client: httpx.AsyncClient) -> None:
         await client.aclose()
 
 
-async def _wait_received(sim: harness.Simulator, engines: tuple[int, ...], n: int) -> None:
+async def _wait_received(sim: harness.Simulator, engines: tuple[int, ...], n: int,
+                         held: list[asyncio.Task]) -> None:
     deadline = time.monotonic() + 30
     while sum(_received(sim, engines)) < n:
+        done = [t for t in held if t.done()]
+        assert not done, f"a held request ended: {done[0].result() if not done[0].exception() else done[0]}"
         assert time.monotonic() < deadline, f"engines saw {_received(sim, engines)}, want {n}"
         await asyncio.sleep(0.05)
 
@@ -222,7 +232,7 @@ def test_admission_limit_sheds_with_503_and_retry_after(router: harness.Router, 
     async def main() -> httpx.Response:
         held = await _hold(router, "long", ADMISSION)
         try:
-            await _wait_received(sim, LONG, ADMISSION)
+            await _wait_received(sim, LONG, ADMISSION, held)
             async with httpx.AsyncClient(timeout=30) as http:
                 return await http.post(f"{router.openai_url}/chat/completions",
                                        json={"model": "short", "messages": MSGS, "max_tokens": 2})
@@ -251,11 +261,13 @@ def test_pool_wait_deadline_gives_503(work: Path, sim: harness.Simulator) -> Non
     sim.reset_requests()
     _faults(sim, LONG, stall=True)
     r2 = _start(work, sim, "pool1", "--upstream-pool-size", "1")
+    # once (1 of ~8 runs) the first connection right after /readyz was refused
+    harness.wait_until(lambda: harness.port_accepts(r2.port), 10, what="router port accepts")
     try:
         async def main() -> httpx.Response:
             held = await _hold(r2, "long", 1)  # holds the worker's only upstream connection
             try:
-                await _wait_received(sim, LONG, 1)
+                await _wait_received(sim, LONG, 1, held)
                 async with httpx.AsyncClient(timeout=30) as http:
                     return await http.post(f"{r2.openai_url}/chat/completions",
                                            json={"model": "short", "messages": MSGS, "max_tokens": 2})
@@ -277,3 +289,20 @@ def test_pool_wait_deadline_gives_503(work: Path, sim: harness.Simulator) -> Non
     finally:
         r2.stop()
         sim.reset_faults()
+
+
+def test_total_timeout_bounds_the_whole_request(router: harness.Router, sim: harness.Simulator) -> None:
+    _faults(sim, SHORT, token_delay_s=0.4)  # every gap well under idle (30 s)
+    status, events = _sse_events(router, "capped", 20)  # 20 x 0.4 s > total 1.5 s
+    assert status == 200 and b"[DONE]" not in b"".join(events)
+    assert any(b'"content"' in e for e in events[:-1])
+    err = orjson.loads(events[-1].removeprefix(b"data: "))["error"]
+    assert "total timeout" in err["message"], err
+    sim.reset_requests()
+    _faults(sim, SHORT, token_delay_s=0.0, first_byte_delay_s=3)
+    with httpx.Client(timeout=60) as http:
+        r = http.post(f"{router.openai_url}/chat/completions",
+                      json={"model": "capped", "messages": MSGS, "max_tokens": 2})
+    assert r.status_code == 504, r.text
+    assert "total timeout" in r.json()["error"]["message"] and "1 attempt(s)" in r.json()["error"]["message"]
+    assert sum(_received(sim, SHORT)) == 1, "retried after the total timeout had passed"
