@@ -15,6 +15,7 @@ relays bound the first event and the gaps between reads. `total` caps all of it.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -124,9 +125,11 @@ class Executor:
             pool = self.pool.h1
             dest = pool.dest(ep.ip, ep.port, ep.ssl, ep.server_hostname, ep.host)
             try:
-                connect_at = earliest(start + t.connect_s, response_at, x.deadline)
-                wait_at = earliest(start + t.pool_wait_s, x.deadline)
-                conn = await pool.acquire(dest, connect_at - start, wait_at - start)  # type: ignore[operator]
+                total_left = x.deadline - start if x.deadline is not None else math.inf
+                connect_s = min(t.connect_s, total_left)
+                if t.response_s is not None:
+                    connect_s = min(connect_s, t.response_s)
+                conn = await pool.acquire(dest, connect_s, min(t.pool_wait_s, total_left))
                 conn.send(head + dest.host_line + tail, payload)
                 if x.stream and t.first_token_s is not None:
                     first_at = loop.time() + t.first_token_s
@@ -137,8 +140,8 @@ class Executor:
             except UpstreamTimeout as exc:
                 if first_at is not None and (response_at is None or first_at < response_at):
                     phase = f"no first token within firstToken ({t.first_token_s:g}s)"
-                else:
-                    phase = f"no response headers within the response timeout ({t.response_s:g}s)"
+                else:  # response_at set, or only the total deadline (phase unused then)
+                    phase = f"no response headers within the response timeout ({t.response_s or 0:g}s)"
                 return AttemptFailure(Failure.TIMEOUT, timeout_detail(x, exc, head_at, phase))
             except UpstreamConnectError:
                 return AttemptFailure(Failure.CONNECT, "connection failed")

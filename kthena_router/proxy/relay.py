@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kthena_router.config.traffic import Timeouts
+from kthena_router.config.traffic import ServerTraffic, Timeouts
 from kthena_router.endpoints.health import Failure
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 
 DEFAULT_TIMEOUTS = Timeouts()
+_DEFAULT_CAP = ServerTraffic().max_buffered_response_bytes
 
 
 def earliest(*times: float | None) -> float | None:
@@ -100,7 +101,7 @@ class Exchange:
         self.timeouts: Timeouts = DEFAULT_TIMEOUTS  # the ModelServer's effective timeouts
         self.deadline: float | None = None  # loop time at which the whole request gives up (total)
         self.first_token_at: float | None = None  # loop time: this attempt's first-token deadline
-        self.max_buffered = 0  # cap of a buffered reply (maxBufferedResponseBytes)
+        self.max_buffered = _DEFAULT_CAP  # cap of a buffered reply (maxBufferedResponseBytes)
         # the current attempt's start and what it measured (fed back to the scheduler)
         self.att_t0 = 0.0
         self.att_ttft: float | None = None

@@ -30,7 +30,7 @@ class JsonRelay:
             data = await resp.read_all(x.max_buffered)
         except UpstreamTimeout as exc:
             return AttemptFailure(Failure.TIMEOUT, timeout_detail(
-                x, exc, None, f"response body stalled beyond the idle timeout ({x.timeouts.idle_s:g}s)"))
+                x, exc, None, f"response body stalled beyond the idle timeout ({x.timeouts.idle_s or 0:g}s)"))
         except (UpstreamError, OSError):
             return AttemptFailure(Failure.DIED, "response body incomplete")
         except BodyTooLarge:

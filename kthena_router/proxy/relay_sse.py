@@ -36,7 +36,7 @@ class SseStreamRelay:
             return AttemptFailure(Failure.INVALID, f"invalid stream from upstream: {exc}")
         except UpstreamTimeout as exc:
             return AttemptFailure(Failure.TIMEOUT, timeout_detail(
-                x, exc, first_at, f"no first token within firstToken ({t.first_token_s:g}s)"))
+                x, exc, first_at, f"no first token within firstToken ({t.first_token_s or 0:g}s)"))
         except (UpstreamError, OSError):
             return AttemptFailure(Failure.DIED, "upstream stream broke before the first event")
         send = x.send
@@ -75,7 +75,7 @@ class SseStreamRelay:
                 failure = Failure.INVALID
             except UpstreamTimeout as exc:
                 failure = Failure.TIMEOUT
-                detail = timeout_detail(x, exc, None, f"no event within the idle timeout ({t.idle_s:g}s)")
+                detail = timeout_detail(x, exc, None, f"no event within the idle timeout ({t.idle_s or 0:g}s)")
             except (UpstreamError, OSError):
                 failure = Failure.DIED
             if failure is None and not relay.saw_done:
