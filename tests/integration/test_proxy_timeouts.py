@@ -226,13 +226,13 @@ async def _wait_received(sim: harness.Simulator, engines: tuple[int, ...], n: in
         await asyncio.sleep(0.05)
 
 
-def test_admission_limit_sheds_with_503_and_retry_after(router: harness.Router, sim: harness.Simulator) -> None:
-    _faults(sim, LONG, stall=True)
+def _post_while_held(router: harness.Router, sim: harness.Simulator, n: int) -> httpx.Response:
+    """Hold `n` streamed requests on the stalled `long` engines, meanwhile POST to `short`."""
 
     async def main() -> httpx.Response:
-        held = await _hold(router, "long", ADMISSION)
+        held = await _hold(router, "long", n)
         try:
-            await _wait_received(sim, LONG, ADMISSION, held)
+            await _wait_received(sim, LONG, n, held)
             async with httpx.AsyncClient(timeout=30) as http:
                 return await http.post(f"{router.openai_url}/chat/completions",
                                        json={"model": "short", "messages": MSGS, "max_tokens": 2})
@@ -241,7 +241,19 @@ def test_admission_limit_sheds_with_503_and_retry_after(router: harness.Router, 
                 t.cancel()
             await asyncio.gather(*held, return_exceptions=True)
 
-    r = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def _short_ok(router: harness.Router) -> None:
+    with httpx.Client(timeout=30) as http:
+        r = http.post(f"{router.openai_url}/chat/completions",
+                      json={"model": "short", "messages": MSGS, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
+def test_admission_limit_sheds_with_503_and_retry_after(router: harness.Router, sim: harness.Simulator) -> None:
+    _faults(sim, LONG, stall=True)
+    r = _post_while_held(router, sim, ADMISSION)
     assert r.status_code == 503, r.text
     assert r.headers["retry-after"] == RETRY_AFTER
     err = r.json()["error"]
@@ -251,9 +263,7 @@ def test_admission_limit_sheds_with_503_and_retry_after(router: harness.Router, 
     harness.wait_until(lambda: sum(sim.requests(i)["aborted"] for i in LONG) == ADMISSION, 30,
                        what="held requests aborted upstream")
     sim.reset_faults()
-    with httpx.Client(timeout=30) as http:
-        assert http.post(f"{router.openai_url}/chat/completions",
-                         json={"model": "short", "messages": MSGS, "max_tokens": 2}).status_code == 200
+    _short_ok(router)
 
 
 def test_pool_wait_deadline_gives_503(work: Path, sim: harness.Simulator) -> None:
@@ -262,28 +272,13 @@ def test_pool_wait_deadline_gives_503(work: Path, sim: harness.Simulator) -> Non
     _faults(sim, LONG, stall=True)
     r2 = _start(work, sim, "pool1", "--upstream-pool-size", "1")
     try:
-        async def main() -> httpx.Response:
-            held = await _hold(r2, "long", 1)  # holds the worker's only upstream connection
-            try:
-                await _wait_received(sim, LONG, 1, held)
-                async with httpx.AsyncClient(timeout=30) as http:
-                    return await http.post(f"{r2.openai_url}/chat/completions",
-                                           json={"model": "short", "messages": MSGS, "max_tokens": 2})
-            finally:
-                for t in held:
-                    t.cancel()
-                await asyncio.gather(*held, return_exceptions=True)
-
-        r = asyncio.run(main())
+        r = _post_while_held(r2, sim, 1)  # the held request has the worker's only connection
         assert r.status_code == 503, r.text
         err = r.json()["error"]
         assert err["code"] == "pool_exhausted" and "1s" in err["message"], err
         assert sum(_received(sim, SHORT)) == 0
         sim.reset_faults()
-        with httpx.Client(timeout=30) as http:  # the slot is free again
-            r = http.post(f"{r2.openai_url}/chat/completions",
-                          json={"model": "short", "messages": MSGS, "max_tokens": 2})
-        assert r.status_code == 200, r.text
+        _short_ok(r2)  # the slot is free again
     finally:
         r2.stop()
         sim.reset_faults()

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kthena_router.proxy.upstream import BodyTooLarge, H1Pool, PoolExhausted, UpstreamClosed, UpstreamConnectError, \
+from kthena_router.proxy.upstream import BodyTooLarge, H1Conn, H1Pool, PoolExhausted, UpstreamClosed, UpstreamConnectError, \
     UpstreamProtocolError, UpstreamTimeout
 
 Handler = Callable[[bytes, asyncio.StreamWriter], "asyncio.Future[None] | None"]
@@ -82,6 +82,16 @@ async def _request(pool: H1Pool, port: int, body: bytes = b"{}", timeout_s: floa
     return conn, await conn.read_head()
 
 
+async def _sent(pool: H1Pool, port: int, timeout_s: float | None, deadline: float | None = None) -> H1Conn:
+    """A connection with a bodyless request sent, its response not read yet."""
+    d = pool.dest("127.0.0.1", port, None, None, "127.0.0.1")
+    conn = await pool.acquire(d, 1.0, 1.0)
+    conn.timeout_s = timeout_s
+    conn.deadline = deadline
+    conn.send(b"POST / HTTP/1.1\r\ncontent-length: 0\r\n\r\n", b"")
+    return conn
+
+
 def test_chunked_and_content_length_bodies_reuse_one_connection() -> None:
     async def main() -> None:
         srv = Server([_chunked(b"data: 1\n\n", b"data: 2\n\n"), _fixed(b'{"a": 1}'), _chunked()])
@@ -148,10 +158,7 @@ def test_read_timeout_then_close_reaches_the_server() -> None:
         srv = Server([None])
         await srv.start()
         pool = H1Pool(8)
-        d = pool.dest("127.0.0.1", srv.port, None, None, "127.0.0.1")
-        conn = await pool.acquire(d, 1.0, 1.0)
-        conn.timeout_s = 0.05
-        conn.send(b"POST / HTTP/1.1\r\ncontent-length: 0\r\n\r\n", b"")
+        conn = await _sent(pool, srv.port, timeout_s=0.05)
         with pytest.raises(UpstreamTimeout):
             await conn.read_head()
         conn.close()
@@ -167,10 +174,7 @@ def test_cancel_while_waiting_leaves_no_waiter() -> None:
         srv = Server([None])
         await srv.start()
         pool = H1Pool(8)
-        d = pool.dest("127.0.0.1", srv.port, None, None, "127.0.0.1")
-        conn = await pool.acquire(d, 1.0, 1.0)
-        conn.timeout_s = None
-        conn.send(b"POST / HTTP/1.1\r\ncontent-length: 0\r\n\r\n", b"")
+        conn = await _sent(pool, srv.port, timeout_s=None)
         task = asyncio.ensure_future(conn.read_head())
         await asyncio.sleep(0.05)
         task.cancel()
@@ -331,11 +335,7 @@ def test_deadline_bounds_reads_that_each_stay_under_the_idle_bound() -> None:
         srv = Server([None])
         await srv.start()
         pool = H1Pool(8)
-        d = pool.dest("127.0.0.1", srv.port, None, None, "127.0.0.1")
-        conn = await pool.acquire(d, 1.0, 1.0)
-        conn.timeout_s = 5.0
-        conn.deadline = pool.loop.time() + 0.05
-        conn.send(b"POST / HTTP/1.1\r\ncontent-length: 0\r\n\r\n", b"")
+        conn = await _sent(pool, srv.port, timeout_s=5.0, deadline=pool.loop.time() + 0.05)
         with pytest.raises(UpstreamTimeout) as info:
             await conn.read_head()
         assert info.value.at_deadline
