@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kthena_router.config.loader import load_config_file
+from kthena_router.config.traffic import DEFAULT_TRAFFIC
 from kthena_router.config.watcher import ConfigWatcher
 from kthena_router.config_applier import ConfigApplier
 from kthena_router.endpoints.balancer import Balancer, RoundRobinBalancer
@@ -35,13 +36,25 @@ from kthena_router.engine_state.scraper import EngineStateScraper
 from kthena_router.errors import RequestError, error_response, send_error
 from kthena_router.metrics import RouterMetrics, ensure_multiprocess
 from kthena_router.proxy.forward import Forwarder, Receive, Scope, Send
-from kthena_router.proxy.upstream import UpstreamPool
+from kthena_router.proxy.upstream import H1Pool, UpstreamPool
 from kthena_router.router_config_reload import RouterConfigHolder, RouterConfigReloader
 from kthena_router.scheduling.config import load_router_configuration_bytes, load_router_configuration_file
 from kthena_router.settings import RouterSettings
-from kthena_router.state import StateHolder
+from kthena_router.state import RouterState, StateHolder
 
 log = logging.getLogger(__name__)
+
+
+
+def pool_pruner(h1: Callable[[], H1Pool]) -> Callable[[RouterState], None]:
+    """After a state swap: pod churn must not grow memory, so the upstream pool forgets
+    (and closes the idle connections of) every destination that is no longer a target."""
+
+    def prune(state: RouterState) -> None:
+        h1().retain({(ep.ip, ep.port) for ep in EndpointRegistry.unique(state.targets)})
+
+    return prune
+
 
 # Every method reaches our handlers, so that wrong ones get OpenAI-style JSON, not starlette's text.
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"]
@@ -86,12 +99,15 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     reloader: RouterConfigReloader | None = None
     router_config = RouterConfigHolder()
     balancer: Balancer
+    traffic = DEFAULT_TRAFFIC
     if settings.router_config_path:
         # validated by the parent (cli.py); watched and reloaded in the lifespan
         reloader = RouterConfigReloader(settings, metrics, load_router_configuration_file(settings.router_config_path),
                                         holder)
         router_config = reloader.holder
         balancer = reloader.balancer
+        if reloader.holder.current is not None:
+            traffic = reloader.holder.current.traffic
     else:
         balancer = RoundRobinBalancer()
 
@@ -102,7 +118,10 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     prober = HealthProber(lambda: pool.session, all_targets, settings.health_probe_interval_s,
                           settings.health_probe_timeout_s)
     forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober)
-    applier = ConfigApplier(settings, holder, registry, metrics)
+    applier = ConfigApplier(settings, holder, registry, metrics, traffic)
+    applier.after_swap.append(pool_pruner(lambda: pool.h1))
+    if reloader is not None:
+        reloader.on_traffic = applier.set_traffic
 
     def health_changed(key: str, healthy: bool) -> None:
         state = holder.current

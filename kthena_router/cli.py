@@ -43,13 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dir for metrics files, reload trigger, worker status (default: a fresh temp dir)")
     p.add_argument("--health-probe-interval-s", type=float, default=d.health_probe_interval_s,
                    help="period of active /health probes of endpoints")
-    p.add_argument("--first-byte-timeout-s", dest="default_first_byte_timeout_s", type=float,
-                   default=d.default_first_byte_timeout_s,
-                   help="first-byte timeout when a ModelServer sets no trafficPolicy.timeout")
+    p.add_argument("--upstream-pool-size", type=int, default=d.upstream_pool_size,
+                   help="max upstream connections per worker, all endpoints together (waits beyond it "
+                        "are bounded by the router configuration's traffic.timeouts.poolWait)")
     p.add_argument("--route-seed", type=int, default=None,
                    help="seed of the weighted (canary) target draw, for reproducible splits")
     p.add_argument("--router-config", dest="router_config_path", default="", metavar="FILE",
-                   help="Kthena routerConfiguration YAML (scheduler plugins; reloaded like --config). "
+                   help="Kthena routerConfiguration YAML (scheduler plugins; ours: traffic: timeouts, "
+                        "outlier detection, admission, buffered-reply cap; reloaded like --config). "
                         "Without it: round-robin among healthy endpoints")
     p.add_argument("--scrape-interval-s", type=float, default=d.scrape_interval_s,
                    help="engine /metrics + /v1/models scrape period (with --router-config)")
@@ -77,8 +78,8 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         log_level=args.log_level,
         runtime_dir=args.runtime_dir,
         health_probe_interval_s=args.health_probe_interval_s,
-        default_first_byte_timeout_s=args.default_first_byte_timeout_s,
         route_seed=args.route_seed,
+        upstream_pool_size=args.upstream_pool_size,
         eject_base_s=args.eject_base_s,
         eject_max_s=args.eject_max_s,
         router_config_path=args.router_config_path,

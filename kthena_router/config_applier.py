@@ -19,6 +19,7 @@ from collections.abc import Callable
 from kthena_router import worker_status
 from kthena_router.config.errors import ConfigError
 from kthena_router.config.model import RouterConfig
+from kthena_router.config.traffic import DEFAULT_TRAFFIC, TrafficSettings
 from kthena_router.endpoints.registry import EndpointRegistry
 from kthena_router.metrics import RouterMetrics
 from kthena_router.routing.table import RouteTable
@@ -32,12 +33,16 @@ DNS_REFRESH_S = 30.0
 
 class ConfigApplier:
     def __init__(self, settings: RouterSettings, holder: StateHolder, registry: EndpointRegistry,
-                 metrics: RouterMetrics) -> None:
+                 metrics: RouterMetrics, traffic: TrafficSettings = DEFAULT_TRAFFIC) -> None:
         self.settings = settings
         self.holder = holder
         self.registry = registry
         self.metrics = metrics
+        # The router configuration's traffic section; every state built from here on
+        # resolves each ModelServer's settings from it (set_traffic re-resolves now).
+        self.traffic = traffic
         self.on_swap: Callable[[RouterState], None] | None = None  # after every state install
+        self.after_swap: list[Callable[[RouterState], None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._latest = 0  # ticket of the newest config received
 
@@ -50,7 +55,16 @@ class ConfigApplier:
             return False
         if self.on_swap is not None:
             self.on_swap(state)
+        for listener in self.after_swap:
+            listener(state)
         return True
+
+    def set_traffic(self, traffic: TrafficSettings) -> None:
+        """A new traffic section (router configuration reload): re-resolve every server now."""
+        self.traffic = traffic
+        state = self.holder.current
+        if state is not None:
+            self._install(build_state(state.config, state.table, state.targets, traffic), self.holder.generation)
 
     async def apply(self, cfg: RouterConfig) -> None:
         ticket = self._ticket()
@@ -66,7 +80,7 @@ class ConfigApplier:
         # unless a DNS refresh of the previous config landed while we resolved (then it
         # is read after that install, and the new endpoint lists include its answers).
         targets = self.registry.build(cfg)
-        installed = self._install(build_state(cfg, table, targets), self.holder.generation)
+        installed = self._install(build_state(cfg, table, targets, self.traffic), self.holder.generation)
         assert installed  # single-threaded: nothing ran between the read and the install
         for eps in targets.values():
             for ep in eps:
@@ -112,7 +126,7 @@ class ConfigApplier:
         keys = {k: tuple(ep.key for ep in v) for k, v in targets.items()}
         if keys == {k: tuple(ep.key for ep in v) for k, v in state.targets.items()}:
             return False
-        return self._install(build_state(state.config, state.table, targets), based_on)
+        return self._install(build_state(state.config, state.table, targets, self.traffic), based_on)
 
     async def refresh_dns_forever(self) -> None:
         while True:

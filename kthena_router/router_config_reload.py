@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kthena_router import worker_status
 from kthena_router.config.errors import ConfigError, ConfigProblem
+from kthena_router.config.traffic import TrafficSettings
 from kthena_router.engine_state.scraper import EngineStateScraper
 from kthena_router.engine_state.snapshot import EndpointSnapshot
 from kthena_router.kv_events import EventSource
@@ -139,6 +141,8 @@ class RouterConfigReloader:
         self.scheduling = build_scheduling(rc.scheduler, rc.source, settings, metrics)
         self.balancer = SwitchingBalancer(self.scheduling.scheduler)
         self.scraper: EngineStateScraper | None = None
+        # called with the new traffic section when a reload changes it (re-resolves servers)
+        self.on_traffic: Callable[[TrafficSettings], None] | None = None
         self._latest = 0  # ticket of the newest configuration received
         self._tasks: set[asyncio.Task[None]] = set()
         worker_status.report_router_config_applied(settings, rc.digest)
@@ -231,7 +235,9 @@ class RouterConfigReloader:
                     new.scheduler.on_snapshot(snap)
             old, self.scheduling = self.scheduling, new
             self.balancer.swap(new.scheduler)
-        self.holder.current = rc
+        previous, self.holder.current = self.holder.current, rc
+        if self.on_traffic is not None and (previous is None or previous.traffic != rc.traffic):
+            self.on_traffic(rc.traffic)
         self.metrics.config_reload(True)
         worker_status.report_router_config_applied(self.settings, rc.digest)
         log.info("router configuration %s installed (%s)", rc.digest[:12],

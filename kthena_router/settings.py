@@ -63,14 +63,11 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Passive ejection: first backoff after an endpoint fails; doubles while it keeps failing."""
     eject_max_s: float = 30.0
     """Passive ejection: longest backoff."""
-    default_first_byte_timeout_s: float = 60.0
-    """Wait for an upstream's first byte when the ModelServer sets no trafficPolicy.timeout."""
     default_retry_endpoints: int = 2
     """Candidates tried before the first byte when the ModelServer sets no retry policy."""
-    connect_timeout_s: float = 5.0
-    """Upstream TCP connect timeout."""
     upstream_pool_size: int = 512
-    """Max pooled upstream connections per worker (all endpoints together)."""
+    """Max pooled upstream connections per worker (all endpoints together). Upstream
+    timeouts are not settings: they are the router configuration's `traffic` section."""
     route_seed: int | None = None
     """Seed of the weighted-target draw (each worker seeds its own generator with it);
     None: seeded from the OS. A seed makes a 1-worker run's split reproducible."""
@@ -112,6 +109,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise SettingsError(f"{name} must be in 1..65535, got {value}")
         if self.workers < 1:
             raise SettingsError(f"workers must be >= 1, got {self.workers}")
+        if self.upstream_pool_size < 1:
+            raise SettingsError(f"upstream_pool_size must be >= 1, got {self.upstream_pool_size}")
         if self.max_body_bytes < 1:
             raise SettingsError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if self.drain_grace_s < 0:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from kthena_router.config.model import RouterConfig
+from kthena_router.config.traffic import DEFAULT_TRAFFIC, ServerTraffic, TrafficSettings
 from kthena_router.endpoints.registry import EndpointState, ServerKey
 from kthena_router.routing.table import RouteTable
 
@@ -23,6 +24,13 @@ class RouterState:
     table: RouteTable
     targets: Mapping[ServerKey, tuple[EndpointState, ...]]
     models_body: bytes = field(repr=False)  # GET /v1/models, encoded once per state
+    # the router configuration's traffic section, resolved once per state for every server
+    traffic: TrafficSettings = DEFAULT_TRAFFIC
+    server_traffic: Mapping[ServerKey, ServerTraffic] = field(default_factory=dict, repr=False)
+
+    def traffic_of(self, key: ServerKey) -> ServerTraffic:
+        st = self.server_traffic.get(key)
+        return st if st is not None else self.traffic.defaults
 
 
 def models_payload(table: RouteTable, created: int | None = None) -> bytes:
@@ -33,9 +41,14 @@ def models_payload(table: RouteTable, created: int | None = None) -> bytes:
     return orjson.dumps({"object": "list", "data": data})
 
 
-def build_state(cfg: RouterConfig, table: RouteTable,
-                targets: Mapping[ServerKey, tuple[EndpointState, ...]]) -> RouterState:
-    return RouterState(cfg, table, targets, models_payload(table))
+def resolve_traffic(cfg: RouterConfig, traffic: TrafficSettings) -> dict[ServerKey, ServerTraffic]:
+    """Every ModelServer's effective traffic settings (override > trafficPolicy > default)."""
+    return {key: traffic.for_server(s.namespace, s.name, s.timeout_s) for key, s in cfg.servers.items()}
+
+
+def build_state(cfg: RouterConfig, table: RouteTable, targets: Mapping[ServerKey, tuple[EndpointState, ...]],
+                traffic: TrafficSettings = DEFAULT_TRAFFIC) -> RouterState:
+    return RouterState(cfg, table, targets, models_payload(table), traffic, resolve_traffic(cfg, traffic))
 
 
 class StateHolder:

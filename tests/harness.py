@@ -308,7 +308,9 @@ class Router:
                 last[0] = repr(exc)
                 return False
             last[0] = r.text
-            return r.status_code == 200
+            # /readyz reports the workers' loaded config; under load the first connection
+            # right after it was once refused, so the client port must accept as well
+            return r.status_code == 200 and port_accepts(self.port)
 
         try:
             wait_until(ready, timeout, interval=0.1, what="router /readyz")

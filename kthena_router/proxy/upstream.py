@@ -2,23 +2,22 @@
 
 Proxied requests (the hot path) use `H1Pool`, a minimal HTTP/1.1 client on asyncio
 protocols: pooled keep-alive connections per endpoint, TCP_NODELAY, https (SNI and
-verification as configured), a connect timeout and a read-idle timeout, and closing the
-connection when a request is abandoned (the engine sees the disconnect and aborts).
+verification as configured), per-request connect and pool-wait bounds, a read deadline
+plus a read-idle timeout (executor.py sets them per phase), and closing the connection
+when a request is abandoned (the engine sees the disconnect and aborts). Destinations
+that leave the config are pruned (`retain`), their idle connections closed.
 Health probes and metrics scrapes keep using one aiohttp ClientSession (`session`).
 
-Why not aiohttp on the hot path (measured on the 2-core dev VM, 1 worker, fast simulator,
-16-token streamed chat): a cProfile of the request path showed aiohttp's per-TCP-segment
-response machinery (chunked-parser callback, StreamReader.feed_data, per-chunk
-resume_reading, _read_nowait_chunk; ~17 segments per reply) plus ClientSession._request
-at about two thirds of the app's Python time. Replacing it: app-only CPU 0.39 -> 0.30 ms
-per request (ASGI app driven in-process); whole router (loadtest.bench_overhead, two
-interleaved runs each) CPU 0.85 -> 0.68-0.73 ms per request and added p50 0.68-0.73 ->
-0.43-0.46 ms at concurrency 1.
+Why not aiohttp on the hot path: its per-TCP-segment response machinery was about two
+thirds of the app's Python time (measurements in docs/architecture.md, "Upstream client").
 
-Failure mapping (forward.py turns these into retry decisions): `UpstreamConnectError`
-(refused, unreachable, TLS handshake, connect timeout), `UpstreamTimeout` (no byte within
-the read-idle bound), `UpstreamClosed` (the connection broke or closed early),
-`UpstreamProtocolError` (not HTTP/1.x). All derive from `UpstreamError`.
+Responses and the errors live in h1_response.py (re-exported here). Failure mapping
+(executor.py and the relays turn these into retry decisions): `UpstreamConnectError`
+(refused, unreachable, TLS handshake, connect timeout), `UpstreamTimeout` (the read
+deadline passed, or no byte within the read-idle bound), `UpstreamClosed` (the connection
+broke or closed early), `UpstreamProtocolError` (not HTTP/1.x). All derive from
+`UpstreamError`. Not an upstream's fault, so not an `UpstreamError`: `PoolExhausted` (no
+connection slot within the pool-wait bound) and `BodyTooLarge` (a buffered body over its cap).
 """
 
 from __future__ import annotations
@@ -32,38 +31,24 @@ from typing import Any
 
 import aiohttp
 
+from kthena_router.proxy.h1_response import BodyTooLarge, PoolExhausted, Response, UpstreamClosed, \
+    UpstreamConnectError, UpstreamError, UpstreamProtocolError, UpstreamTimeout, parse_head
 from kthena_router.settings import RouterSettings
 
+__all__ = ["BodyTooLarge", "H1Conn", "H1Pool", "PoolExhausted", "Response", "UpstreamClosed",
+           "UpstreamConnectError", "UpstreamError", "UpstreamPool", "UpstreamProtocolError", "UpstreamTimeout"]
+
 KEEPALIVE_S = 75.0
+PROBE_CONNECT_S = 5.0  # probes and scrapes have their own overall timeouts as well
 _SWEEP_S = 10.0
 _HIGH_WATER = 1 << 18  # pause reading when this much undelivered body is buffered
 _MAX_HEAD = 1 << 16
 
 
-class UpstreamError(Exception):
-    pass
-
-
-class UpstreamConnectError(UpstreamError):
-    pass
-
-
-class UpstreamTimeout(UpstreamError):
-    pass
-
-
-class UpstreamClosed(UpstreamError):
-    pass
-
-
-class UpstreamProtocolError(UpstreamError):
-    pass
-
-
 class _Dest:
     """One upstream address (plus TLS identity): its idle connections and Host header."""
 
-    __slots__ = ("ip", "port", "ssl", "server_hostname", "host_line", "idle")
+    __slots__ = ("ip", "port", "ssl", "server_hostname", "host_line", "idle", "live")
 
     def __init__(self, ip: str, port: int, ssl_ctx: ssl.SSLContext | None, server_hostname: str | None,
                  host_header: str) -> None:
@@ -73,13 +58,14 @@ class _Dest:
         self.server_hostname = server_hostname
         self.host_line = b"host: " + host_header.encode("latin-1") + b"\r\n"
         self.idle: list[H1Conn] = []
+        self.live = True  # False once pruned: its connections close instead of idling
 
 
 class H1Conn(asyncio.Protocol):
     """One upstream connection; at most one request at a time."""
 
     __slots__ = ("pool", "dest", "transport", "buf", "waiter", "eof", "exc", "closed", "idle_since",
-                 "paused", "timer", "timeout_s", "counted")
+                 "paused", "timer", "timeout_s", "deadline", "timer_at_deadline", "counted")
 
     def __init__(self, pool: H1Pool, dest: _Dest) -> None:
         self.pool = pool
@@ -93,7 +79,9 @@ class H1Conn(asyncio.Protocol):
         self.idle_since = 0.0
         self.paused = False
         self.timer: asyncio.TimerHandle | None = None
-        self.timeout_s: float | None = None
+        self.timeout_s: float | None = None  # read-idle bound of each wait
+        self.deadline: float | None = None  # loop time by which the awaited bytes must come
+        self.timer_at_deadline = False
         self.counted = True  # holds one of the pool's connection slots
 
     # --- protocol callbacks ---------------------------------------------------------
@@ -151,10 +139,11 @@ class H1Conn(asyncio.Protocol):
         if w is not None:
             self.waiter = None
             if not w.done():
-                w.set_exception(UpstreamTimeout("no data from upstream within the read timeout"))
+                w.set_exception(UpstreamTimeout("no data from upstream in time", self.timer_at_deadline))
 
     async def wait_data(self) -> None:
-        """Wait until more bytes (or EOF) arrive; UpstreamTimeout after `timeout_s` idle."""
+        """Wait until more bytes (or EOF) arrive; UpstreamTimeout after `timeout_s` idle
+        or at `deadline`, whichever comes first."""
         if self.eof:
             raise UpstreamClosed("upstream closed the connection") from self.exc
         if self.paused and self.transport is not None:
@@ -163,8 +152,16 @@ class H1Conn(asyncio.Protocol):
         loop = self.pool.loop
         w = self.waiter = loop.create_future()
         t = self.timeout_s
+        at = self.deadline
         if t is not None:
-            self.timer = loop.call_at(loop.time() + t, self._on_timeout)
+            idle_at = loop.time() + t
+            self.timer_at_deadline = at is not None and at <= idle_at
+            if not self.timer_at_deadline:
+                at = idle_at
+        else:
+            self.timer_at_deadline = True
+        if at is not None:
+            self.timer = loop.call_at(at, self._on_timeout)
         try:
             await w
         finally:
@@ -202,207 +199,22 @@ class H1Conn(asyncio.Protocol):
                 continue
             head = bytes(buf[:end])
             del buf[:end + 4]
-            resp = _parse_head(head, self)
+            resp = parse_head(head, self)
             if 100 <= resp.status < 200:  # interim response: the real one follows
                 continue
             return resp
 
 
-class Response:
-    """A response whose head has been read; the body is read with read_some()/read_all()."""
-
-    __slots__ = ("conn", "status", "raw_headers", "content_type", "_length", "_chunked", "_chunk_left",
-                 "done", "_keep_alive")
-
-    def __init__(self, conn: H1Conn, status: int, raw_headers: list[tuple[bytes, bytes]], content_type: str,
-                 length: int | None, chunked: bool, keep_alive: bool) -> None:
-        self.conn = conn
-        self.status = status
-        self.raw_headers = raw_headers
-        self.content_type = content_type
-        self._length = length  # remaining bytes when framed by content-length
-        self._chunked = chunked
-        self._chunk_left = 0  # bytes of the current chunk still to come (+2 for its CRLF)
-        self.done = False
-        self._keep_alive = keep_alive
-        if not chunked and length == 0:
-            self._finish()
-
-    def _finish(self) -> None:
-        self.done = True
-        conn = self.conn
-        if self._keep_alive and not conn.eof and not conn.buf:
-            conn.pool._release(conn)
-        else:
-            conn.close()
-
-    def _take(self) -> bytes:
-        """Body bytes decodable from the buffer now (b"" if none)."""
-        conn = self.conn
-        buf = conn.buf
-        if not buf:
-            return b""
-        if not self._chunked:
-            if self._length is None:  # until EOF
-                out = bytes(buf)
-                buf.clear()
-                return out
-            n = min(self._length, len(buf))
-            out = bytes(buf[:n])
-            del buf[:n]
-            self._length -= n
-            if self._length == 0:
-                self._finish()
-            return out
-        parts: list[bytes] = []
-        pos = 0
-        size = len(buf)
-        while pos < size:
-            left = self._chunk_left
-            if left > 2:  # inside chunk data
-                n = min(left - 2, size - pos)
-                parts.append(bytes(buf[pos:pos + n]))
-                pos += n
-                self._chunk_left -= n
-                continue
-            if left:  # the CRLF after the chunk data
-                if size - pos < 2:
-                    break
-                if buf[pos:pos + 2] != b"\r\n":
-                    raise UpstreamProtocolError("bad chunk terminator")
-                pos += 2
-                self._chunk_left = 0
-                continue
-            eol = buf.find(b"\r\n", pos)
-            if eol < 0:
-                if size - pos > 4096:
-                    raise UpstreamProtocolError("bad chunk size line")
-                break
-            line = bytes(buf[pos:eol])
-            semi = line.find(b";")
-            try:
-                n = int(line if semi < 0 else line[:semi], 16)
-            except ValueError:
-                raise UpstreamProtocolError("bad chunk size") from None
-            if n < 0:
-                raise UpstreamProtocolError("bad chunk size")
-            if n == 0:  # last chunk; optional trailers, then an empty line
-                if buf[eol + 2:eol + 4] == b"\r\n":
-                    end = eol + 4
-                else:
-                    end = buf.find(b"\r\n\r\n", eol + 2)
-                    if end < 0:
-                        break
-                    end += 4
-                del buf[:end]
-                self._finish()
-                return b"".join(parts)
-            pos = eol + 2
-            self._chunk_left = n + 2
-        if pos:
-            del buf[:pos]
-        if not parts:
-            return b""
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    async def read_some(self) -> bytes:
-        """The next body bytes (all that are decodable now); b"" at the end of the body."""
-        conn = self.conn
-        while not self.done:
-            out = self._take()
-            if out:
-                return out
-            if self.done:
-                break
-            if conn.eof:
-                if not self._chunked and self._length is None:
-                    self.done = True
-                    conn.close()
-                    break
-                raise UpstreamClosed("upstream closed the connection mid-body") from conn.exc
-            await conn.wait_data()
-        return b""
-
-    async def read_all(self) -> bytes:
-        parts = []
-        while True:
-            chunk = await self.read_some()
-            if not chunk:
-                break
-            parts.append(chunk)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def close(self) -> None:
-        """Done with this response: an unfinished body drops the connection."""
-        if not self.done:
-            self.done = True
-            self.conn.close()
-
-    def header(self, name: bytes) -> bytes | None:
-        for k, v in self.raw_headers:
-            if k.lower() == name:
-                return v
-        return None
-
-
-def _parse_head(head: bytes, conn: H1Conn) -> Response:
-    lines = head.split(b"\r\n")
-    status_line = lines[0]
-    if not status_line.startswith(b"HTTP/1."):
-        raise UpstreamProtocolError("response is not HTTP/1.x")
-    parts = status_line.split(b" ", 2)
-    try:
-        status = int(parts[1])
-    except (IndexError, ValueError):
-        raise UpstreamProtocolError("bad status line") from None
-    http10 = status_line.startswith(b"HTTP/1.0")
-    raw: list[tuple[bytes, bytes]] = []
-    ctype = ""
-    length: int | None = None
-    chunked = False
-    keep_alive = not http10
-    for line in lines[1:]:
-        colon = line.find(b":")
-        if colon <= 0:
-            if not line:
-                continue
-            raise UpstreamProtocolError("bad header line")
-        name = line[:colon].strip()
-        value = line[colon + 1:].strip()
-        raw.append((name, value))
-        lname = name.lower()
-        if lname == b"content-length":
-            try:
-                length = int(value)
-            except ValueError:
-                raise UpstreamProtocolError("bad content-length") from None
-            if length < 0:
-                raise UpstreamProtocolError("bad content-length")
-        elif lname == b"transfer-encoding":
-            chunked = value.lower().endswith(b"chunked")
-        elif lname == b"content-type":
-            ctype = value.decode("latin-1")
-        elif lname == b"connection":
-            v = value.lower()
-            if b"close" in v:
-                keep_alive = False
-            elif b"keep-alive" in v:
-                keep_alive = True
-    if chunked:
-        length = None
-    elif length is None and status not in (204, 304):
-        keep_alive = False  # framed by EOF
-    if status in (204, 304):
-        length, chunked = 0, False
-    return Response(conn, status, raw, ctype, length, chunked, keep_alive)
+def _expire(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_exception(PoolExhausted())
 
 
 class H1Pool:
     """Keep-alive connections per upstream address; at most `limit` open at once."""
 
-    def __init__(self, limit: int, connect_timeout_s: float) -> None:
+    def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.connect_timeout_s = connect_timeout_s
         self.loop = asyncio.get_running_loop()
         self._dests: dict[tuple[Any, ...], _Dest] = {}
         self._open = 0
@@ -430,7 +242,9 @@ class H1Pool:
             d = self._dests[key] = _Dest(ip, port, ctx, server_hostname, host_header)
         return d
 
-    async def acquire(self, d: _Dest) -> H1Conn:
+    async def acquire(self, d: _Dest, connect_s: float, wait_s: float) -> H1Conn:
+        """A connection to `d`: an idle one, or a new one (connect bounded by `connect_s`);
+        PoolExhausted when no slot frees up within `wait_s`."""
         idle = d.idle
         while idle:
             conn = idle.pop()
@@ -438,23 +252,32 @@ class H1Pool:
             if not conn.closed and not conn.eof:
                 return conn
             conn.close()
+        wait_until = 0.0
         while self._open >= self.limit:
             if self._close_any_idle():
                 continue
             fut = self.loop.create_future()
             self._waiters.append(fut)
+            if not wait_until:
+                wait_until = self.loop.time() + wait_s
+            timer = self.loop.call_at(wait_until, _expire, fut)
             try:
                 await fut
+            except PoolExhausted:
+                raise PoolExhausted(f"no free upstream connection within {wait_s:g}s "
+                                    f"({self.limit} in use)") from None
             except BaseException:
-                if fut.done() and not fut.cancelled():
-                    self._wake_one()
+                if fut.done() and not fut.cancelled() and fut.exception() is None:
+                    self._wake_one()  # woken and cancelled at once: pass the slot on
                 raise
+            finally:
+                timer.cancel()
             if idle:
-                return await self.acquire(d)
+                return await self.acquire(d, connect_s, max(0.0, wait_until - self.loop.time()))
         self._open += 1
         conn = H1Conn(self, d)
         try:
-            async with asyncio.timeout(self.connect_timeout_s):
+            async with asyncio.timeout(connect_s):
                 await self.loop.create_connection(
                     lambda: conn, d.ip, d.port, ssl=d.ssl,
                     server_hostname=d.server_hostname if d.ssl is not None else None)
@@ -479,11 +302,11 @@ class H1Pool:
         return False
 
     def _release(self, conn: H1Conn) -> None:
-        if self._closing:
+        if self._closing or not conn.dest.live:
             conn.close()
             return
         conn.idle_since = time.monotonic() or 1e-9
-        conn.timeout_s = None
+        conn.timeout_s = conn.deadline = None
         conn.dest.idle.append(conn)
         if self._waiters:
             self._wake_one()
@@ -504,6 +327,23 @@ class H1Pool:
             if not fut.done():
                 fut.set_result(None)
                 return
+
+    def retain(self, live: set[tuple[str, int]]) -> int:
+        """Drop the destinations whose (ip, port) is not in `live` and close their idle
+        connections (in-use ones close when released); returns how many were dropped."""
+        gone = [k for k, d in self._dests.items() if (d.ip, d.port) not in live]
+        for k in gone:
+            d = self._dests.pop(k)
+            d.live = False
+            for conn in d.idle:
+                conn.idle_since = 0.0
+                conn.close()
+            d.idle.clear()
+        return len(gone)
+
+    @property
+    def destinations(self) -> int:
+        return len(self._dests)
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -548,10 +388,10 @@ class UpstreamPool:
             auto_decompress=False,
             # Only the client's headers go upstream; no aiohttp defaults (User-Agent ...).
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._settings.connect_timeout_s),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=PROBE_CONNECT_S),
             read_bufsize=2 ** 16,
         )
-        self._h1 = H1Pool(self._settings.upstream_pool_size, self._settings.connect_timeout_s)
+        self._h1 = H1Pool(self._settings.upstream_pool_size)
 
     @property
     def session(self) -> aiohttp.ClientSession:

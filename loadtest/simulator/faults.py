@@ -19,6 +19,8 @@ class Faults:
     refuse_connections: bool = False     # listening socket closed; open connections reset
     die_after_tokens: int | None = None  # abort the TCP connection after N content chunks
     stall: bool = False                  # accept the request, never answer
+    stall_after_tokens: int | None = None  # after N content chunks: keep the connection, send nothing
+    token_delay_s: float = 0.0           # extra wait before each token (a slow, progressing stream)
     first_byte_delay_s: float = 0.0      # wait before the response starts
     garbage: bool = False                # 200 with broken SSE lines / invalid JSON
     slow_start_s: float = 0.0            # /health and completions 503 for this long
@@ -62,17 +64,17 @@ def _check(key: str, value: Any) -> Any:
 
     if key == "error_rate":
         return number(0.0, 1.0)
-    if key in ("first_byte_delay_s", "slow_start_s"):
+    if key in ("first_byte_delay_s", "slow_start_s", "token_delay_s"):
         return number(0.0)
     if key == "error_status":
         if isinstance(value, bool) or not isinstance(value, int) or not 400 <= value <= 599:
             raise FaultError("error_status must be an integer HTTP status in 400..599")
         return value
-    if key == "die_after_tokens":
+    if key in ("die_after_tokens", "stall_after_tokens"):
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise FaultError("die_after_tokens must be a non-negative integer or null")
+            raise FaultError(f"{key} must be a non-negative integer or null")
         return value
     if not isinstance(value, bool):
         raise FaultError(f"{key} must be true or false")

@@ -398,6 +398,7 @@ class EngineServer(ProbeEndpoints):
                 out: list[int] = []
                 if die is None or entry["tokens_out"] < die:
                     async for tok in handle:
+                        await self._token_faults(entry)
                         out.append(tok)
                         entry["tokens_out"] += 1
                         if die is not None and entry["tokens_out"] >= die:
@@ -463,7 +464,11 @@ class EngineServer(ProbeEndpoints):
                     role = b""
                 n = 0
                 sent_final = False
+                if entry["tokens_out"] == 0:
+                    await self._token_faults(entry)  # stall_after_tokens 0: headers, then nothing
                 async for tok in handle:
+                    if n or i:
+                        await self._token_faults(entry)
                     n += 1
                     final = n == gen.max_tokens
                     chunk = pre + codec.gen_json(tok) + (last if final else mid)
@@ -494,6 +499,17 @@ class EngineServer(ProbeEndpoints):
         self.requests.set_status(entry, "completed")
         await resp.write_eof()
         return resp
+
+    async def _token_faults(self, entry: dict[str, Any]) -> None:
+        """Before a token: token_delay_s, and the stall of stall_after_tokens (until the
+        client goes away, which cancels the handler)."""
+        f = self.faults
+        if f.token_delay_s > 0:
+            await asyncio.sleep(f.token_delay_s)
+        if f.stall_after_tokens is not None and entry["tokens_out"] >= f.stall_after_tokens:
+            entry["fault"] = "stall_after_tokens"
+            self.requests.set_status(entry, "stalled")
+            await asyncio.Event().wait()
 
     async def _die(self, request: web.Request, entry: dict[str, Any]) -> web.StreamResponse:
         entry["fault"] = "die"

@@ -68,6 +68,7 @@ def test_error_rate_fraction(sim_factory):
 
 def test_faults_are_validated(sim):
     for bad in ({"error_rate": 2}, {"nope": 1}, {"stall": "yes"}, {"error_status": 200},
+                {"stall_after_tokens": -1}, {"token_delay_s": -1},
                 {"die_after_tokens": -1}):
         r = sim.admin.post("/admin/engines/0/faults", json=bad)
         assert r.status_code == 400, bad
@@ -155,6 +156,38 @@ def test_first_byte_delay(sim):
     assert time.monotonic() - t0 >= 0.4  # a lower bound holds on any machine
     e = entry(sim, "d1")
     assert e["status"] == "completed" and e["fault"] == "first_byte_delay"
+
+
+@pytest.mark.parametrize("n", [0, 2])
+def test_stall_after_tokens_keeps_the_connection_silent(sim, n):
+    sim.faults(0, stall_after_tokens=n)
+    rid = f"sat-{n}"
+    chunks = []
+    with pytest.raises(httpx.ReadTimeout):
+        with httpx.stream("POST", sim.url(0) + "/v1/chat/completions",
+                          json={**CHAT, "stream": True, "max_tokens": 20},
+                          headers={"X-Request-ID": rid}, timeout=httpx.Timeout(30, read=1.0)) as r:
+            assert r.status_code == 200  # the head came (for n = 0 with no event after it)
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    chunks.append(orjson.loads(line[6:]))
+    assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")) == n
+    e = entry(sim, rid)
+    assert e["fault"] == "stall_after_tokens" and e["tokens_out"] == n
+    wait_status(sim, rid, "aborted")  # the client went away
+
+
+def test_token_delay_slows_every_token(sim):
+    sim.faults(0, token_delay_s=0.1)
+    t0 = time.monotonic()
+    with httpx.stream("POST", sim.url(0) + "/v1/chat/completions",
+                      json={**CHAT, "stream": True, "max_tokens": 5}, timeout=30) as r:
+        lines = [ln for ln in r.iter_lines() if ln]
+    assert lines[-1] == "data: [DONE]"
+    assert time.monotonic() - t0 >= 0.5  # a lower bound holds on any machine
+    r = httpx.post(sim.url(0) + "/v1/completions", json={"model": "demo", "prompt": "x", "max_tokens": 3},
+                   timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
 
 
 def test_slow_start_at_runtime(sim):
