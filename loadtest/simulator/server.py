@@ -4,7 +4,7 @@ Per port: one or more engine instances (DP ranks; requests go to the least busy)
 the loaded LoRA adapters, the fault knobs and the request accounting. The listening
 socket is owned here so that `refuse_connections` can close and reopen it.
 
-Faults apply to the inference endpoints (chat/completions); /health answers 503
+Faults apply to the inference endpoints (chat, completions, responses); /health answers 503
 during slow start; `refuse_connections` closes the listener and resets any request
 arriving on an already open keep-alive connection (a dead process resets those too).
 """
@@ -30,6 +30,7 @@ from .faults import Faults
 from .http_errors import JSON, ApiError, error_response, json_response
 from .metrics_text import RankView, render
 from .probes import DEFAULT_MAX_TOKENS, ProbeEndpoints
+from .responses import ResponsesEndpoints, ResponseStore
 from .tokenizer import ChatTemplateError, TextCodec, render_chat
 
 log = logging.getLogger("loadtest.simulator")
@@ -76,7 +77,7 @@ class _Gen:
     model: str
 
 
-class EngineServer(ProbeEndpoints):
+class EngineServer(ProbeEndpoints, ResponsesEndpoints):
     def __init__(self, cfg: ServerConfig, engines: list[Any], codec: TextCodec,
                  faults: Faults | None = None) -> None:
         self.cfg = cfg
@@ -85,6 +86,7 @@ class EngineServer(ProbeEndpoints):
         self.codec = codec
         self.faults = faults or Faults()
         self.requests = RequestLog()
+        self.store = ResponseStore()
         self.loras: dict[str, str] = {name: f"/loras/{name}" for name in cfg.loras}
         self.rng = random.Random(cfg.seed * 7919 + cfg.index)
         self.created = int(time.time())
@@ -99,6 +101,8 @@ class EngineServer(ProbeEndpoints):
         r = app.router
         r.add_post("/v1/chat/completions", self.chat_completions)
         r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/responses", self.responses)
+        r.add_get("/v1/responses/{response_id}", self.get_response)
         r.add_get("/v1/models", self.models)
         r.add_post("/v1/load_lora_adapter", self.load_lora)
         r.add_post("/v1/unload_lora_adapter", self.unload_lora)
@@ -225,7 +229,11 @@ class EngineServer(ProbeEndpoints):
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._inference(request, chat=False)
 
-    async def _inference(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._inference(request, chat=None)
+
+    async def _inference(self, request: web.Request, chat: bool | None) -> web.StreamResponse:
+        """chat: True chat completions, False completions, None responses."""
         headers = {k.lower(): v for k, v in request.headers.items()}
         entry = self.requests.add(headers.get("x-request-id"), request.path, headers)
         entry["tcp_nodelay"] = _nodelay(request)
@@ -246,7 +254,7 @@ class EngineServer(ProbeEndpoints):
             raise
 
     async def _serve(self, request: web.Request, entry: dict[str, Any],
-                     chat: bool) -> web.StreamResponse:
+                     chat: bool | None) -> web.StreamResponse:
         body = await self.read_json(request)
         entry["model"] = body.get("model")
         entry["stream"] = body.get("stream") is True
@@ -269,6 +277,8 @@ class EngineServer(ProbeEndpoints):
             entry["http_status"] = 200
             self.requests.set_status(entry, "errored")
             return await self._garbage(request, entry["stream"])
+        if chat is None:
+            return await self.serve_response(request, entry, body)
         gen = await self._validate(body, chat)
         entry["http_status"] = 200
         if gen.stream:
