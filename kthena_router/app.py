@@ -21,7 +21,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from kthena_router import worker_status
@@ -29,6 +29,7 @@ from kthena_router.config.errors import ConfigError
 from kthena_router.config.loader import load_config_file
 from kthena_router.config.model import RouterConfig
 from kthena_router.config.watcher import ConfigWatcher
+from kthena_router.debug_socket import DebugServer
 from kthena_router.endpoints.balancer import Balancer, RoundRobinBalancer
 from kthena_router.endpoints.health import EjectionPolicy, HealthProber
 from kthena_router.endpoints.registry import EndpointRegistry
@@ -216,6 +217,9 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                     metrics.set_endpoint_healthy(ep.server_label, key, healthy)
 
     registry.set_health_listener(health_changed)
+    debug = DebugServer(settings.runtime_dir, {
+        "kv_ownership": lambda: matcher.debug_view() if matcher is not None else None,
+    })
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -241,9 +245,11 @@ def create_app(settings: RouterSettings | None = None) -> Any:
             tasks.append(loop.create_task(watcher.run()))
         tasks.append(loop.create_task(applier.refresh_dns_forever()))
         prober.start()
+        await debug.start()
         try:
             yield
         finally:
+            await debug.close()
             if watcher is not None:
                 watcher.stop()
             if scraper is not None:
@@ -261,15 +267,8 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                     await task
             await pool.close()
 
-    async def _kv_ownership(request: Request) -> Response:
-        """This worker's KV-event ownership table (tests, debugging; O(entries))."""
-        if matcher is None:
-            return error_response(404, "kvcache-aware is not enabled")
-        return JSONResponse(matcher.debug_view())
-
     starlette = Starlette(
         routes=[Route("/v1/models", _models, methods=_ALL_METHODS),
-                Route("/debug/kv_ownership", _kv_ownership, methods=["GET"]),
                 Route("/{path:path}", _not_found, methods=_ALL_METHODS)],
         lifespan=lifespan,
     )
