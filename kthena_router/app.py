@@ -25,6 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from kthena_router import worker_status
+from kthena_router.access_log import AccessLog
 from kthena_router.config.errors import ConfigError
 from kthena_router.config.loader import load_config_file
 from kthena_router.config.model import RouterConfig
@@ -204,7 +205,8 @@ def create_app(settings: RouterSettings | None = None) -> Any:
 
     prober = HealthProber(lambda: pool.session, all_targets, settings.health_probe_interval_s,
                           settings.health_probe_timeout_s)
-    forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober)
+    access_log = AccessLog(settings.access_log, settings.access_log_flush_s) if settings.access_log else None
+    forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober, access_log=access_log)
     applier = ConfigApplier(settings, holder, registry, metrics)
 
     def health_changed(key: str, healthy: bool) -> None:
@@ -219,6 +221,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     registry.set_health_listener(health_changed)
     debug = DebugServer(settings.runtime_dir, {
         "kv_ownership": lambda: matcher.debug_view() if matcher is not None else None,
+        "response_ids": lambda: {"count": len(forwarder.response_ids), "limit": forwarder.response_ids.limit},
     })
 
     @contextlib.asynccontextmanager
@@ -246,6 +249,8 @@ def create_app(settings: RouterSettings | None = None) -> Any:
         tasks.append(loop.create_task(applier.refresh_dns_forever()))
         prober.start()
         await debug.start()
+        if access_log is not None:
+            access_log.start()
         try:
             yield
         finally:
@@ -266,6 +271,8 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             await pool.close()
+            if access_log is not None:
+                await access_log.close()
 
     starlette = Starlette(
         routes=[Route("/v1/models", _models, methods=_ALL_METHODS),

@@ -17,12 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
-from urllib.parse import quote
 
 import orjson
 
@@ -33,7 +31,12 @@ from kthena_router.errors import RequestError, send_error, sse_error_event
 from kthena_router.metrics import RouterMetrics
 from kthena_router.proxy.body import ClientDisconnected, content_length, needs_usage_injection, parse_body, \
     read_body, rewrite
-from kthena_router.proxy.sse import InvalidStream, SseRelay
+from kthena_router.access_log import AccessLog, AccessRecord
+from kthena_router.proxy.by_id import pinned_endpoint, stored_at
+from kthena_router.proxy.headers import RequestHeaders, content_encoded, response_headers
+from kthena_router.proxy.paths import RESPONSES_PATH, ApiPath, request_line, resolve
+from kthena_router.proxy.response_ids import ResponseIds, StoredAt
+from kthena_router.proxy.sse import InvalidStream, SseRelay, StreamEnd
 from kthena_router.proxy.upstream import H1Conn, Response, UpstreamConnectError, UpstreamError, \
     UpstreamPool, UpstreamTimeout
 from kthena_router.routing.table import RouteMatch, RouteNotFound
@@ -48,43 +51,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-# Request headers never forwarded: hop-by-hop, recomputed, or the client's credentials.
-_DROP_REQUEST = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-    "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length", "authorization",
-    "x-request-id",
-})
-_DROP_RESPONSE = frozenset({
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
-    b"te", b"trailer", b"transfer-encoding", b"upgrade", b"content-length", b"x-request-id",
-    b"date", b"server",
-})
-# Bounded "path" label values; any other forwarded /v1/* path counts as "/v1/other".
-_KNOWN_PATHS = frozenset({
-    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/score",
-    "/v1/rerank", "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/tokenize",
-    "/v1/detokenize", "/v1/chat/completions/render",
-})
-
-
-_KNOWN_TARGETS = {p: p.encode() for p in _KNOWN_PATHS}
-_REQUEST_TAIL = b" HTTP/1.1\r\n"
-
-
-# Engine management endpoints under /v1 that a client must not reach through the router.
-_ENGINE_ADMIN_PATHS = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
-
-
-def _path_label(path: str) -> str:
-    return path if path in _KNOWN_PATHS else "/v1/other"
-
-
-def _request_line(path: str) -> bytes:
-    """b"POST <target> HTTP/1.1\\r\\n" for the (decoded) ASGI path."""
-    target = _KNOWN_TARGETS.get(path)
-    if target is None:
-        target = quote(path, safe="/:@!$&'()*+,;=-._~%").encode("ascii")
-    return b"POST " + target + _REQUEST_TAIL
+_OTHER_LABEL = "/v1/other"  # metric label of refused paths
 
 
 class _Attempt:
@@ -129,8 +96,11 @@ class Forwarder:
     """The hot path: an ASGI callable for every proxied /v1/* request."""
 
     def __init__(self, settings: RouterSettings, holder: StateHolder, pool: UpstreamPool,
-                 balancer: Balancer, metrics: RouterMetrics, prober: HealthProber) -> None:
+                 balancer: Balancer, metrics: RouterMetrics, prober: HealthProber,
+                 access_log: AccessLog | None = None) -> None:
         self.settings = settings
+        self.response_ids = ResponseIds(settings.response_id_cache_size)
+        self.access_log = access_log
         self.holder = holder
         self.pool = pool
         self.balancer = balancer
@@ -161,7 +131,8 @@ class _Request:
     __slots__ = ("fw", "scope", "t0", "path", "request_id", "fwd_headers", "header_map", "model_label",
                  "route_label", "server_label", "endpoint_label", "status", "error_type", "committed",
                  "response_headers", "watch", "att_t0", "att_ttft", "att_tpot",
-                 "att_prompt_tokens")
+                 "att_prompt_tokens", "api", "path_label", "attempts", "completion_tokens", "stream",
+                 "response_id", "ttft")
 
     def __init__(self, fw: Forwarder, scope: Scope, t0: float) -> None:
         self.fw = fw
@@ -185,35 +156,53 @@ class _Request:
         self.att_ttft: float | None = None
         self.att_tpot: float | None = None
         self.att_prompt_tokens: int | None = None  # the engine's usage.prompt_tokens
+        self.api: ApiPath | None = None
+        self.path_label = _OTHER_LABEL
+        self.attempts = 0
+        self.completion_tokens: int | None = None
+        self.stream = False
+        self.response_id: str | None = None  # Responses API: the id the engine stored the answer under
+        self.ttft: float | None = None  # request start to the first body byte sent
 
     # --- entry ----------------------------------------------------------------------
 
     async def run(self, receive: Receive, send: Send) -> None:
         raw_headers: list[tuple[bytes, bytes]] = self.scope["headers"]
-        self._split_headers(raw_headers)
+        hdrs = RequestHeaders(raw_headers)
+        self.header_map = hdrs.by_name
+        self.request_id = hdrs.request_id
+        self.fwd_headers = hdrs.upstream
         self.response_headers = [(b"x-request-id", self.request_id.encode("latin-1"))]
         watch: _Disconnect | None = None
         downstream = None
         try:
             try:
-                if self.path in _ENGINE_ADMIN_PATHS:  # engine management is not for clients
-                    raise RequestError(404, f"no such endpoint: {self.path}")
-                if self.scope["method"] != "POST":
-                    raise RequestError(405, f"method {self.scope['method']} is not allowed on {self.path}")
+                api = self.api = resolve(self.scope["method"], self.path)
+                self.path_label = api.label
+                if self.header_map.get("content-type", "").startswith("multipart/"):
+                    raise RequestError(415, f"{self.path} takes a JSON body (application/json), "
+                                            "not multipart/form-data")
                 raw = await read_body(receive, content_length(raw_headers), self.fw.settings.max_body_bytes)
-                body = parse_body(raw, self.path)
                 state = self.fw.holder.current
                 if state is None:
                     raise RequestError(503, "router has no configuration loaded yet")
+                if api.response_id:
+                    at = stored_at(self.fw.response_ids, api.response_id, "response_id")
+                    body = _ById(raw, at.model)
+                else:
+                    body = parse_body(raw, self.path)
                 try:
-                    match = state.table.match(body.model, self.path, self.header_map, self.fw.rng)
+                    match = state.table.match(body.model, RESPONSES_PATH if api.response_id else self.path,
+                                              self.header_map, self.fw.rng)
                 except RouteNotFound as exc:
                     raise RequestError(404, exc.message, param="model") from None
+                targets = state.targets.get(match.server.key, ())
+                pinned = self._pinned(api, body, targets)
                 self.model_label = body.model
                 downstream = self.fw.metrics.downstream(body.model)
                 downstream.inc()
                 watch = self.watch = _Disconnect(receive)
-                await self._forward(send, body, match, state.targets.get(match.server.key, ()))
+                await self._forward(send, body, match, targets, pinned)
             except RequestError as err:
                 self.status = err.status
                 self.error_type = err.type
@@ -251,9 +240,14 @@ class _Request:
                 watch.close()
             if downstream is not None:
                 downstream.dec()
+            duration = time.perf_counter() - self.t0
             self.fw.metrics.observe_request(
-                self.model_label, _path_label(self.path), self.status, self.error_type, self.route_label,
-                self.server_label, self.endpoint_label, time.perf_counter() - self.t0)
+                self.model_label, self.path_label, self.status, self.error_type, self.route_label,
+                self.server_label, self.endpoint_label, duration)
+            if self.response_id is not None and self.status == 200:
+                self.fw.response_ids.put(self.response_id, StoredAt(self.endpoint_label, self.model_label))
+            if self.fw.access_log is not None:
+                self._log_access(duration)
 
     def _last_send(self) -> None:
         """From here on the response completes; a disconnect seen now must not cancel us
@@ -261,38 +255,50 @@ class _Request:
         if self.watch is not None:
             self.watch.finished = True
 
-    def _split_headers(self, raw_headers: list[tuple[bytes, bytes]]) -> None:
-        fwd: list[bytes] = []
-        hmap = self.header_map
-        for k, v in raw_headers:
-            name = k.decode("latin-1").lower()
-            value = v.decode("latin-1")
-            hmap[name] = value
-            if name in _DROP_REQUEST:
-                if name == "x-request-id" and value:
-                    self.request_id = value
-                continue
-            fwd.append(name.encode("latin-1") + b": " + v + b"\r\n")
-        if not self.request_id:
-            self.request_id = os.urandom(16).hex()
-        fwd.append(b"x-request-id: " + self.request_id.encode("latin-1") + b"\r\n")
-        self.fwd_headers = b"".join(fwd)
+    def _pinned(self, api: ApiPath, body: Any, targets: tuple[EndpointState, ...]) -> EndpointState | None:
+        """The engine that stored the response this request refers to, if it refers to one."""
+        if api.response_id:
+            at = stored_at(self.fw.response_ids, api.response_id, "response_id")
+            return pinned_endpoint(targets, at, api.response_id, "response_id")
+        if api.stream_end is StreamEnd.RESPONSES:
+            prev = body.obj.get("previous_response_id")
+            if prev is not None:
+                at = stored_at(self.fw.response_ids, prev, "previous_response_id")
+                return pinned_endpoint(targets, at, prev, "previous_response_id")
+        return None
+
+    def _log_access(self, duration: float) -> None:
+        assert self.fw.access_log is not None
+        ttft = self.ttft
+        self.fw.access_log.write(AccessRecord(
+            self.request_id, self.scope["method"], self.path_label, stream=self.stream, route=self.route_label,
+            server=self.server_label, model=self.model_label, endpoint=self.endpoint_label, status=self.status,
+            error_type=self.error_type, attempts=self.attempts,
+            ttft_ms=None if ttft is None else round(ttft * 1000, 3), duration_ms=round(duration * 1000, 3),
+            prompt_tokens=self.att_prompt_tokens, completion_tokens=self.completion_tokens))
 
     # --- forwarding -------------------------------------------------------------------
 
-    async def _forward(self, send: Send, body: Any, match: RouteMatch, targets: tuple[EndpointState, ...]) -> None:
+    async def _forward(self, send: Send, body: Any, match: RouteMatch, targets: tuple[EndpointState, ...],
+                       pinned: EndpointState | None) -> None:
         fw = self.fw
         server = match.server
         self.route_label = f"{match.route.namespace}/{match.route.name}"
         self.server_label = f"{server.namespace}/{server.name}"
-        inject = needs_usage_injection(body)
-        payload = rewrite(body, None if match.is_lora else match.upstream_model, inject)
+        self.stream = body.stream
+        assert self.api is not None
+        inject = needs_usage_injection(body) and self.api.stream_end is StreamEnd.DONE
+        payload = body.raw if isinstance(body, _ById) else \
+            rewrite(body, None if match.is_lora else match.upstream_model, inject)
         info = None
-        if fw.balancer.needs_request_info:
+        if fw.balancer.needs_request_info and pinned is None:
             info = RequestInfo(self.request_id, self.path, body.obj, server.model or match.upstream_model,
                                body.model if match.is_lora else "", body.model)
             await fw.balancer.prepare(info)
-        candidates = fw.balancer.candidates(server.key, targets, info)
+        if pinned is not None:  # only that engine has the stored response
+            candidates = [pinned] if pinned.health.healthy else []
+        else:
+            candidates = fw.balancer.candidates(server.key, targets, info)
         if not candidates:
             fw.prober.probe_soon(targets)
             raise RequestError(503, f"no healthy endpoint for model `{body.model}`")
@@ -305,7 +311,7 @@ class _Request:
         if server.upstream_headers:
             headers += b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in server.upstream_headers.items())
         # request line and headers except Host (per endpoint), then the body's length
-        head = _request_line(self.path)
+        head = request_line(self.scope["method"], self.path, self.scope.get("query_string", b""))
         tail = headers + b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n"
         last: _Attempt | None = None
         idx = 0
@@ -343,6 +349,7 @@ class _Request:
         resp: Response | None = None
         self.att_t0 = time.perf_counter()
         self.att_ttft = self.att_tpot = self.att_prompt_tokens = None
+        self.attempts += 1
         fw.balancer.dispatched(ep, info)
         try:
             pool = fw.pool.h1
@@ -365,7 +372,8 @@ class _Request:
                 except (UpstreamError, OSError):
                     pass
                 return _Attempt(Failure.HTTP_5XX, f"upstream HTTP {status}")
-            if status == 200 and body.stream and resp.content_type.startswith("text/event-stream"):
+            if status == 200 and body.stream and resp.content_type.startswith("text/event-stream") \
+                    and not content_encoded(resp.raw_headers):  # compressed although we asked not to: as is
                 return await self._relay_stream(send, ep, resp, body, inject)
             return await self._relay_buffered(send, ep, resp, body)
         finally:
@@ -381,7 +389,7 @@ class _Request:
                 conn.close()
 
     def _start_headers(self, resp: Response, body_len: int | None) -> list[tuple[bytes, bytes]]:
-        out = [(k, v) for k, v in resp.raw_headers if k.lower() not in _DROP_RESPONSE]
+        out = response_headers(resp.raw_headers)
         if body_len is not None:
             out.append((b"content-length", str(body_len).encode()))
         out.extend(self.response_headers)
@@ -397,7 +405,7 @@ class _Request:
             return _Attempt(kind, "response body incomplete")
         status = resp.status
         usage = None
-        if status == 200:
+        if status == 200 and not content_encoded(resp.raw_headers):
             try:
                 obj = orjson.loads(data)
             except orjson.JSONDecodeError:
@@ -406,7 +414,9 @@ class _Request:
                     return _Attempt(Failure.INVALID, "invalid JSON from upstream")
                 obj = None
             if type(obj) is dict:
-                usage = obj.get("usage")
+                usage = usage_of(obj)
+                if self.path == RESPONSES_PATH and type(obj.get("id")) is str:
+                    self.response_id = obj["id"]
         ep.health.record_success()
         self.committed = True
         self.status = status
@@ -418,18 +428,20 @@ class _Request:
         await send({"type": "http.response.body", "body": data, "more_body": False})
         now = time.perf_counter()
         metrics = self.fw.metrics
-        path = _path_label(self.path)
+        path = self.path_label
+        self.ttft = now - self.t0
         if status == 200:
             metrics.observe_ttft(self.model_label, path, now - self.t0)
             if type(usage) is dict:
                 self.att_prompt_tokens = _int(usage.get("prompt_tokens"))
-                metrics.observe_tokens(self.model_label, path, self.att_prompt_tokens,
-                                       _int(usage.get("completion_tokens")))
+                self.completion_tokens = _int(usage.get("completion_tokens"))
+                metrics.observe_tokens(self.model_label, path, self.att_prompt_tokens, self.completion_tokens)
         return None
 
     async def _relay_stream(self, send: Send, ep: EndpointState, resp: Response, body: Any,
                             inject: bool) -> _Attempt | None:
-        relay = SseRelay(hide_usage=inject)
+        assert self.api is not None
+        relay = SseRelay(hide_usage=inject, end=self.api.stream_end)
         # Before the commit: wait for the first complete event; failures here are retried.
         first = b""
         try:
@@ -449,10 +461,11 @@ class _Request:
         await send({"type": "http.response.start", "status": 200, "headers": self._start_headers(resp, None)})
         t_first = time.perf_counter()
         self.att_ttft = t_first - self.att_t0
+        self.ttft = t_first - self.t0
         # When the engine's body has ended with [DONE] in the bytes at hand, the data goes
         # out as the final body message (one ASGI send less per request).
-        ended = resp.done and relay.saw_done
-        if relay.saw_done:
+        ended = resp.done and relay.ended
+        if relay.ended:
             self._last_send()
         await send({"type": "http.response.body", "body": first, "more_body": not ended})
         t_last = t_first
@@ -465,7 +478,7 @@ class _Request:
                         break
                     out = relay.feed(chunk)
                     if out:
-                        if relay.saw_done:
+                        if relay.ended:
                             # The client has everything it needs and may hang up now; that
                             # is a completed request, not a cancellation.
                             self._last_send()
@@ -480,7 +493,7 @@ class _Request:
                 failure = Failure.TIMEOUT
             except (UpstreamError, OSError):
                 failure = Failure.DIED
-            if failure is None and not relay.saw_done:
+            if failure is None and not relay.clean_eof():
                 failure = Failure.DIED
         metrics = self.fw.metrics
         if failure is not None:
@@ -494,20 +507,44 @@ class _Request:
                                                 f"({failure.value}); the response is incomplete")})
         else:
             ep.health.record_success()
+            self.response_id = relay.response_id
             if not ended:
                 self._last_send()
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
-        path = _path_label(self.path)
+        path = self.path_label
         metrics.observe_ttft(self.model_label, path, t_first - self.t0)
         usage = relay.usage
         if usage is not None:
-            completion = _int(usage.get("completion_tokens"))
+            completion = self.completion_tokens = _int(usage.get("completion_tokens"))
             self.att_prompt_tokens = _int(usage.get("prompt_tokens"))
             metrics.observe_tokens(self.model_label, path, self.att_prompt_tokens, completion)
             if completion is not None and completion > 1 and failure is None:
                 self.att_tpot = (t_last - t_first) / (completion - 1)
                 metrics.observe_tpot(self.model_label, path, self.att_tpot)
         return None
+
+
+class _ById:
+    """The body-less request of GET /v1/responses/{id} (and its cancel): the stored model routes it."""
+
+    __slots__ = ("raw", "obj", "model", "stream", "client_wants_usage")
+
+    def __init__(self, raw: bytes, model: str) -> None:
+        self.raw = raw
+        self.obj: dict[str, Any] = {}
+        self.model = model
+        self.stream = False
+        self.client_wants_usage = False
+
+
+def usage_of(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """usage as prompt/completion tokens; the Responses API says input/output tokens."""
+    usage = obj.get("usage")
+    if type(usage) is not dict:
+        return None
+    if "input_tokens" in usage and "prompt_tokens" not in usage:
+        return {"prompt_tokens": usage.get("input_tokens"), "completion_tokens": usage.get("output_tokens")}
+    return usage
 
 
 def _int(value: object) -> int | None:

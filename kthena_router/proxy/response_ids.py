@@ -16,8 +16,7 @@ from typing import NamedTuple
 
 class StoredAt(NamedTuple):
     endpoint: str  # EndpointState.key
-    server: str    # ModelServer key of the route that produced it
-    model: str     # the model name the client used
+    model: str     # the model name the client used (routes the follow-ups)
 
 
 class ResponseIds:

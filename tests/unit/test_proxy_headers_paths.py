@@ -95,10 +95,10 @@ def test_request_line_keeps_query() -> None:
 
 def test_response_ids_lru() -> None:
     ids = ResponseIds(2)
-    ids.put("a", StoredAt("e1", "s", "m"))
-    ids.put("b", StoredAt("e2", "s", "m"))
-    assert ids.get("a") == StoredAt("e1", "s", "m")  # a is now the most recent
-    ids.put("c", StoredAt("e3", "s", "m"))
+    ids.put("a", StoredAt("e1", "m"))
+    ids.put("b", StoredAt("e2", "m"))
+    assert ids.get("a") == StoredAt("e1", "m")  # a is now the most recent
+    ids.put("c", StoredAt("e3", "m"))
     assert ids.get("b") is None and ids.get("a") is not None and len(ids) == 2
 
 
