@@ -1,10 +1,11 @@
-"""One proxied request: validate, route, try candidates until one answers, relay.
+"""One proxied request: validate, route, build the upstream request, hand it to the executor.
 
-Retry rule: an attempt may fail and move to the next candidate only while nothing has
-been sent to the client. A streamed response is committed (status line sent) only when
-the engine's first complete SSE event is in hand, so an engine that dies, stalls or
-sends garbage before its first event is retried too. After the commit a failure ends
-the stream with an SSE error event and no [DONE].
+The attempts (retry before the first byte) are executor.py's, the response bodies the
+relays' (relay.py). This module owns what is about the client's request: the path
+allow-list (paths.py), headers forwarded upstream and returned to the client
+(headers.py), the body, the route match, pinning to the engine that stored a Responses
+API response (by_id.py), the mapping of every failure to an OpenAI-style error, and the
+access-log line.
 
 Client disconnect: granian does not raise from send() when the client is gone; its
 receive() returns http.disconnect instead (also while the request waits). A pending
@@ -19,26 +20,24 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-import orjson
-
+from kthena_router.access_log import AccessLog, AccessRecord
 from kthena_router.endpoints.balancer import Balancer
-from kthena_router.endpoints.health import Failure, HealthProber
+from kthena_router.endpoints.health import HealthProber
 from kthena_router.endpoints.registry import EndpointState
-from kthena_router.errors import RequestError, send_error, sse_error_event
+from kthena_router.errors import RequestError, send_error
 from kthena_router.metrics import RouterMetrics
 from kthena_router.proxy.body import ClientDisconnected, content_length, needs_usage_injection, parse_body, \
     read_body, rewrite
-from kthena_router.access_log import AccessLog, AccessRecord
 from kthena_router.proxy.by_id import pinned_endpoint, stored_at
-from kthena_router.proxy.headers import RequestHeaders, content_encoded, response_headers
+from kthena_router.proxy.executor import Executor
+from kthena_router.proxy.headers import RequestHeaders, response_headers
 from kthena_router.proxy.paths import RESPONSES_PATH, ApiPath, request_line, resolve
 from kthena_router.proxy.response_ids import ResponseIds, StoredAt
-from kthena_router.proxy.sse import InvalidStream, SseRelay, StreamEnd
-from kthena_router.proxy.upstream import H1Conn, Response, UpstreamConnectError, UpstreamError, \
-    UpstreamPool, UpstreamTimeout
+from kthena_router.proxy.sse import StreamEnd
+from kthena_router.proxy.relay import Exchange, Message, Receive, Scope, Send
+from kthena_router.proxy.upstream import Response, UpstreamPool
 from kthena_router.routing.table import RouteMatch, RouteNotFound
 from kthena_router.scheduling.request import RequestInfo
 from kthena_router.settings import RouterSettings
@@ -46,22 +45,9 @@ from kthena_router.state import StateHolder
 
 log = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+__all__ = ["Forwarder", "Message", "Receive", "Scope", "Send"]
 
-_OTHER_LABEL = "/v1/other"  # metric label of refused paths
-
-
-class _Attempt:
-    """Result of one failed attempt (nothing was sent to the client)."""
-
-    __slots__ = ("failure", "detail")
-
-    def __init__(self, failure: Failure, detail: str) -> None:
-        self.failure = failure
-        self.detail = detail
+_OTHER_LABEL = "/v1/other"  # "path" metric label of refused paths
 
 
 class _Disconnect:
@@ -97,15 +83,14 @@ class Forwarder:
 
     def __init__(self, settings: RouterSettings, holder: StateHolder, pool: UpstreamPool,
                  balancer: Balancer, metrics: RouterMetrics, prober: HealthProber,
-                 access_log: AccessLog | None = None) -> None:
+                 executor: Executor | None = None, access_log: AccessLog | None = None) -> None:
         self.settings = settings
         self.response_ids = ResponseIds(settings.response_id_cache_size)
         self.access_log = access_log
         self.holder = holder
-        self.pool = pool
-        self.balancer = balancer
         self.metrics = metrics
-        self.prober = prober
+        self.executor = executor or Executor(settings, pool, balancer, metrics, prober)
+        self.needs_info = balancer.needs_request_info
         # Weighted route splits; per worker. A fixed seed makes a 1-worker run reproducible.
         self.rng = random.Random(settings.route_seed)
         self.in_flight = 0
@@ -116,7 +101,7 @@ class Forwarder:
         t0 = time.perf_counter()
         self.in_flight += 1
         self.idle.clear()
-        req = _Request(self, scope, t0)
+        req = _Request(self, scope, t0, send)
         try:
             await req.run(receive, send)
         finally:
@@ -125,44 +110,22 @@ class Forwarder:
                 self.idle.set()
 
 
-class _Request:
+class _Request(Exchange):
     """State of one request; methods are the steps of Forwarder's hot path."""
 
-    __slots__ = ("fw", "scope", "t0", "path", "request_id", "fwd_headers", "header_map", "model_label",
-                 "route_label", "server_label", "endpoint_label", "status", "error_type", "committed",
-                 "response_headers", "watch", "att_t0", "att_ttft", "att_tpot",
-                 "att_prompt_tokens", "api", "path_label", "attempts", "completion_tokens", "stream",
-                 "response_id", "ttft")
+    __slots__ = ("fw", "scope", "fwd_headers", "header_map", "response_headers", "watch", "api")
 
-    def __init__(self, fw: Forwarder, scope: Scope, t0: float) -> None:
+    def __init__(self, fw: Forwarder, scope: Scope, t0: float, send: Send) -> None:
+        path: str = scope["path"]
+        super().__init__(fw.metrics, t0, path, _OTHER_LABEL)
+        self.send = send
         self.fw = fw
         self.scope = scope
-        self.t0 = t0
-        self.path: str = scope["path"]
-        self.request_id = ""
         self.fwd_headers = b""  # forwarded header lines, CRLF-terminated, x-request-id last
         self.header_map: dict[str, str] = {}
-        self.model_label = ""
-        self.route_label = ""
-        self.server_label = ""
-        self.endpoint_label = ""
-        self.status = 0
-        self.error_type = ""
-        self.committed = False
         self.response_headers: list[tuple[bytes, bytes]] = []
         self.watch: _Disconnect | None = None
-        # the current attempt's start and what it measured (fed back to the scheduler)
-        self.att_t0 = 0.0
-        self.att_ttft: float | None = None
-        self.att_tpot: float | None = None
-        self.att_prompt_tokens: int | None = None  # the engine's usage.prompt_tokens
         self.api: ApiPath | None = None
-        self.path_label = _OTHER_LABEL
-        self.attempts = 0
-        self.completion_tokens: int | None = None
-        self.stream = False
-        self.response_id: str | None = None  # Responses API: the id the engine stored the answer under
-        self.ttft: float | None = None  # request start to the first body byte sent
 
     # --- entry ----------------------------------------------------------------------
 
@@ -179,6 +142,7 @@ class _Request:
             try:
                 api = self.api = resolve(self.scope["method"], self.path)
                 self.path_label = api.label
+                self.stream_end = api.stream_end
                 if self.header_map.get("content-type", "").startswith("multipart/"):
                     raise RequestError(415, f"{self.path} takes a JSON body (application/json), "
                                             "not multipart/form-data")
@@ -186,9 +150,8 @@ class _Request:
                 state = self.fw.holder.current
                 if state is None:
                     raise RequestError(503, "router has no configuration loaded yet")
-                if api.response_id:
-                    at = stored_at(self.fw.response_ids, api.response_id, "response_id")
-                    body = _ById(raw, at.model)
+                if api.response_id:  # no body to route by: the stored response's model does
+                    body: Any = _ById(raw, stored_at(self.fw.response_ids, api.response_id, "response_id").model)
                 else:
                     body = parse_body(raw, self.path)
                 try:
@@ -202,12 +165,12 @@ class _Request:
                 downstream = self.fw.metrics.downstream(body.model)
                 downstream.inc()
                 watch = self.watch = _Disconnect(receive)
-                await self._forward(send, body, match, targets, pinned)
+                await self._forward(body, match, targets, pinned)
             except RequestError as err:
                 self.status = err.status
                 self.error_type = err.type
                 if not self.committed:
-                    self._last_send()
+                    self.last_send()
                     await send_error(send, err, self.response_headers)
         except ClientDisconnected:
             # While reading the body. granian reports invalid chunk framing the same way as a
@@ -215,7 +178,7 @@ class _Request:
             # a present client never gets granian's text/plain 500.
             self.status, self.error_type = 400, "incomplete_body"
             if not self.committed:
-                self._last_send()
+                self.last_send()
                 with contextlib.suppress(Exception):
                     await send_error(send, RequestError(400, "request body incomplete or malformed "
                                                              "(invalid chunked framing or connection closed)"),
@@ -249,7 +212,7 @@ class _Request:
             if self.fw.access_log is not None:
                 self._log_access(duration)
 
-    def _last_send(self) -> None:
+    def last_send(self) -> None:
         """From here on the response completes; a disconnect seen now must not cancel us
         (granian's receive() also reports http.disconnect once the response is done)."""
         if self.watch is not None:
@@ -279,253 +242,39 @@ class _Request:
 
     # --- forwarding -------------------------------------------------------------------
 
-    async def _forward(self, send: Send, body: Any, match: RouteMatch, targets: tuple[EndpointState, ...],
+    async def _forward(self, body: Any, match: RouteMatch, targets: tuple[EndpointState, ...],
                        pinned: EndpointState | None) -> None:
         fw = self.fw
         server = match.server
         self.route_label = f"{match.route.namespace}/{match.route.name}"
         self.server_label = f"{server.namespace}/{server.name}"
         self.stream = body.stream
-        assert self.api is not None
-        inject = needs_usage_injection(body) and self.api.stream_end is StreamEnd.DONE
+        # usage injection: only APIs whose streams carry a usage chunk (chat, completions)
+        self.inject = inject = needs_usage_injection(body) and self.stream_end is StreamEnd.DONE
         payload = body.raw if isinstance(body, _ById) else \
             rewrite(body, None if match.is_lora else match.upstream_model, inject)
         info = None
-        if fw.balancer.needs_request_info and pinned is None:
+        if fw.needs_info and pinned is None:
             info = RequestInfo(self.request_id, self.path, body.obj, server.model or match.upstream_model,
                                body.model if match.is_lora else "", body.model)
-            await fw.balancer.prepare(info)
-        if pinned is not None:  # only that engine has the stored response
-            candidates = [pinned] if pinned.health.healthy else []
-        else:
-            candidates = fw.balancer.candidates(server.key, targets, info)
-        if not candidates:
-            fw.prober.probe_soon(targets)
-            raise RequestError(503, f"no healthy endpoint for model `{body.model}`")
-        if server.retry_attempts is not None:  # explicit policy, 0 = no retry
-            attempts = 1 + server.retry_attempts
-        else:  # no retry policy: each candidate at most once, up to the default count
-            attempts = min(fw.settings.default_retry_endpoints, len(candidates))
-        first_byte_s = server.timeout_s if server.timeout_s is not None else fw.settings.default_first_byte_timeout_s
         headers = self.fwd_headers
         if server.upstream_headers:
             headers += b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in server.upstream_headers.items())
         # request line and headers except Host (per endpoint), then the body's length
         head = request_line(self.scope["method"], self.path, self.scope.get("query_string", b""))
         tail = headers + b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n"
-        last: _Attempt | None = None
-        idx = 0
-        for attempt in range(attempts):
-            ep = _next_healthy(candidates, idx)
-            if ep is None:
-                break
-            idx = candidates.index(ep) + 1
-            if attempt:
-                fw.metrics.retry(self.server_label)
-                if server.retry_interval_s > 0:
-                    await asyncio.sleep(server.retry_interval_s)
-            self.endpoint_label = ep.key
-            last = await self._attempt(send, ep, head, tail, payload, first_byte_s, body, inject, info)
-            if last is None:
-                return
-            fw.metrics.upstream_error(self.server_label, ep.key, last.failure.value)
-            ep.health.record_failure(last.failure)
-        if last is None:
-            raise RequestError(503, f"no healthy endpoint for model `{body.model}`")
-        n = attempts if attempts > 1 else 1
-        if last.failure is Failure.TIMEOUT:
-            raise RequestError(504, f"upstream timed out before the first byte ({last.detail}; {n} attempt(s))",
-                               code=504)
-        raise RequestError(502, f"upstream request failed ({last.detail}; {n} attempt(s))", code=502)
+        await fw.executor.run(self, match, targets, info, head, tail, payload, pinned)
 
-    async def _attempt(self, send: Send, ep: EndpointState, head: bytes, tail: bytes, payload: bytes,
-                       first_byte_s: float | None, body: Any, inject: bool,
-                       info: RequestInfo | None) -> _Attempt | None:
-        """One upstream attempt; None when the response went to the client."""
-        fw = self.fw
-        gauge = fw.metrics.upstream(self.route_label, self.server_label, ep.key)
-        gauge.inc()
-        conn: H1Conn | None = None
-        resp: Response | None = None
-        self.att_t0 = time.perf_counter()
-        self.att_ttft = self.att_tpot = self.att_prompt_tokens = None
-        self.attempts += 1
-        fw.balancer.dispatched(ep, info)
-        try:
-            pool = fw.pool.h1
-            dest = pool.dest(ep.ip, ep.port, ep.ssl, ep.server_hostname, ep.host)
-            try:
-                conn = await pool.acquire(dest)
-                conn.timeout_s = first_byte_s
-                conn.send(head + dest.host_line + tail, payload)
-                resp = await conn.read_head()
-            except UpstreamTimeout:
-                return _Attempt(Failure.TIMEOUT, "no response")
-            except UpstreamConnectError:
-                return _Attempt(Failure.CONNECT, "connection failed")
-            except (UpstreamError, OSError) as exc:
-                return _Attempt(Failure.DIED, f"connection lost before the response ({type(exc).__name__})")
-            status = resp.status
-            if status >= 500:
-                try:
-                    await resp.read_all()
-                except (UpstreamError, OSError):
-                    pass
-                return _Attempt(Failure.HTTP_5XX, f"upstream HTTP {status}")
-            if status == 200 and body.stream and resp.content_type.startswith("text/event-stream") \
-                    and not content_encoded(resp.raw_headers):  # compressed although we asked not to: as is
-                return await self._relay_stream(send, ep, resp, body, inject)
-            return await self._relay_buffered(send, ep, resp, body)
-        finally:
-            gauge.dec()
-            fw.balancer.finished(ep, self.att_ttft, self.att_tpot)
-            if info is not None and self.att_prompt_tokens:
-                fw.balancer.observe_prompt_tokens(info, self.att_prompt_tokens)
-            # A fully read response has already gone back to the pool (close is a no-op
-            # then); otherwise this drops the connection and the engine aborts.
-            if resp is not None:
-                resp.close()
-            elif conn is not None:
-                conn.close()
-
-    def _start_headers(self, resp: Response, body_len: int | None) -> list[tuple[bytes, bytes]]:
+    def start_headers(self, resp: Response, body_len: int | None) -> list[tuple[bytes, bytes]]:
         out = response_headers(resp.raw_headers)
         if body_len is not None:
             out.append((b"content-length", str(body_len).encode()))
         out.extend(self.response_headers)
         return out
 
-    async def _relay_buffered(self, send: Send, ep: EndpointState, resp: Response,
-                              body: Any) -> _Attempt | None:
-        """Non-streamed answers (and every non-200): read whole, check, pass on unchanged."""
-        try:
-            data = await resp.read_all()
-        except (UpstreamError, OSError) as exc:
-            kind = Failure.TIMEOUT if isinstance(exc, UpstreamTimeout) else Failure.DIED
-            return _Attempt(kind, "response body incomplete")
-        status = resp.status
-        usage = None
-        if status == 200 and not content_encoded(resp.raw_headers):
-            try:
-                obj = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                ctype = resp.content_type
-                if ctype.startswith("application/json") or self.path in ("/v1/chat/completions", "/v1/completions"):
-                    return _Attempt(Failure.INVALID, "invalid JSON from upstream")
-                obj = None
-            if type(obj) is dict:
-                usage = usage_of(obj)
-                if self.path == RESPONSES_PATH and type(obj.get("id")) is str:
-                    self.response_id = obj["id"]
-        ep.health.record_success()
-        self.committed = True
-        self.status = status
-        if status >= 400:
-            self.error_type = "upstream_4xx"
-        self._last_send()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": self._start_headers(resp, len(data))})
-        await send({"type": "http.response.body", "body": data, "more_body": False})
-        now = time.perf_counter()
-        metrics = self.fw.metrics
-        path = self.path_label
-        self.ttft = now - self.t0
-        if status == 200:
-            metrics.observe_ttft(self.model_label, path, now - self.t0)
-            if type(usage) is dict:
-                self.att_prompt_tokens = _int(usage.get("prompt_tokens"))
-                self.completion_tokens = _int(usage.get("completion_tokens"))
-                metrics.observe_tokens(self.model_label, path, self.att_prompt_tokens, self.completion_tokens)
-        return None
-
-    async def _relay_stream(self, send: Send, ep: EndpointState, resp: Response, body: Any,
-                            inject: bool) -> _Attempt | None:
-        assert self.api is not None
-        relay = SseRelay(hide_usage=inject, end=self.api.stream_end)
-        # Before the commit: wait for the first complete event; failures here are retried.
-        first = b""
-        try:
-            while not first:
-                chunk = await resp.read_some()
-                if not chunk:
-                    return _Attempt(Failure.DIED, "upstream closed the stream before the first event")
-                first = relay.feed(chunk)
-        except InvalidStream as exc:
-            return _Attempt(Failure.INVALID, f"invalid stream from upstream: {exc}")
-        except UpstreamTimeout:
-            return _Attempt(Failure.TIMEOUT, "no first event")
-        except (UpstreamError, OSError):
-            return _Attempt(Failure.DIED, "upstream stream broke before the first event")
-        self.committed = True
-        self.status = 200
-        await send({"type": "http.response.start", "status": 200, "headers": self._start_headers(resp, None)})
-        t_first = time.perf_counter()
-        self.att_ttft = t_first - self.att_t0
-        self.ttft = t_first - self.t0
-        # When the engine's body has ended with [DONE] in the bytes at hand, the data goes
-        # out as the final body message (one ASGI send less per request).
-        ended = resp.done and relay.ended
-        if relay.ended:
-            self._last_send()
-        await send({"type": "http.response.body", "body": first, "more_body": not ended})
-        t_last = t_first
-        failure: Failure | None = None
-        if not ended:
-            try:
-                while True:
-                    chunk = await resp.read_some()
-                    if not chunk:
-                        break
-                    out = relay.feed(chunk)
-                    if out:
-                        if relay.ended:
-                            # The client has everything it needs and may hang up now; that
-                            # is a completed request, not a cancellation.
-                            self._last_send()
-                            ended = resp.done
-                        await send({"type": "http.response.body", "body": out, "more_body": not ended})
-                        t_last = time.perf_counter()
-                        if ended:
-                            break
-            except InvalidStream:
-                failure = Failure.INVALID
-            except UpstreamTimeout:
-                failure = Failure.TIMEOUT
-            except (UpstreamError, OSError):
-                failure = Failure.DIED
-            if failure is None and not relay.clean_eof():
-                failure = Failure.DIED
-        metrics = self.fw.metrics
-        if failure is not None:
-            # Bytes reached the client: no retry; end with an error event and no [DONE].
-            metrics.upstream_error(self.server_label, ep.key, failure.value)
-            ep.health.record_failure(failure)
-            self.status, self.error_type = 502, "upstream_error_after_first_byte"
-            self._last_send()
-            await send({"type": "http.response.body", "more_body": False,
-                        "body": sse_error_event("upstream failed during the stream "
-                                                f"({failure.value}); the response is incomplete")})
-        else:
-            ep.health.record_success()
-            self.response_id = relay.response_id
-            if not ended:
-                self._last_send()
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-        path = self.path_label
-        metrics.observe_ttft(self.model_label, path, t_first - self.t0)
-        usage = relay.usage
-        if usage is not None:
-            completion = self.completion_tokens = _int(usage.get("completion_tokens"))
-            self.att_prompt_tokens = _int(usage.get("prompt_tokens"))
-            metrics.observe_tokens(self.model_label, path, self.att_prompt_tokens, completion)
-            if completion is not None and completion > 1 and failure is None:
-                self.att_tpot = (t_last - t_first) / (completion - 1)
-                metrics.observe_tpot(self.model_label, path, self.att_tpot)
-        return None
-
 
 class _ById:
-    """The body-less request of GET /v1/responses/{id} (and its cancel): the stored model routes it."""
+    """The body-less request of GET /v1/responses/{id} (or its cancel), routed by the stored model."""
 
     __slots__ = ("raw", "obj", "model", "stream", "client_wants_usage")
 
@@ -535,28 +284,3 @@ class _ById:
         self.model = model
         self.stream = False
         self.client_wants_usage = False
-
-
-def usage_of(obj: dict[str, Any]) -> dict[str, Any] | None:
-    """usage as prompt/completion tokens; the Responses API says input/output tokens."""
-    usage = obj.get("usage")
-    if type(usage) is not dict:
-        return None
-    if "input_tokens" in usage and "prompt_tokens" not in usage:
-        return {"prompt_tokens": usage.get("input_tokens"), "completion_tokens": usage.get("output_tokens")}
-    return usage
-
-
-def _int(value: object) -> int | None:
-    return value if type(value) is int else None
-
-
-def _next_healthy(candidates: list[EndpointState], start: int) -> EndpointState | None:
-    """The next candidate in cyclic order from `start` that is not ejected."""
-    n = len(candidates)
-    for i in range(n):
-        ep = candidates[(start + i) % n]
-        if ep.health.healthy:
-            return ep
-    return None
-
