@@ -5,6 +5,8 @@ both directions. Upstream we also drop what the router recomputes (Host, Content
 the client's credentials (Authorization; a ModelServer's upstream headers carry the
 engine's), and ask for an uncompressed body (`accept-encoding: identity`): the router
 reads every answer (usage, errors, end of stream), and the OpenAI SDK asks for gzip.
+A client's x-request-id is kept if printable and at most MAX_REQUEST_ID characters (it
+goes into logs); otherwise a generated one replaces it.
 """
 
 from __future__ import annotations
