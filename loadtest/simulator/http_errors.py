@@ -1,4 +1,4 @@
-"""OpenAI-style error answers (vLLM's shape) and JSON responses."""
+"""OpenAI-style error answers (vLLM's shape), JSON responses, SSE response headers."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import orjson
 from aiohttp import web
 
 JSON = "application/json"
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
 class ApiError(Exception):

@@ -22,11 +22,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .http_errors import ApiError, json_response
+from .http_errors import SSE_HEADERS, ApiError, json_response
 from .probes import DEFAULT_MAX_TOKENS
 from .tokenizer import ChatTemplateError, render_chat
 
-SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 STORE_LIMIT = 1024
 
 

@@ -27,15 +27,15 @@ from aiohttp import web
 from .accounting import RequestLog
 from .fast_engine import GenRequest  # same fields as engine.GenRequest (duck-typed)
 from .faults import Faults
-from .http_errors import JSON, ApiError, error_response, json_response
+from .http_errors import JSON, SSE_HEADERS, ApiError, error_response, json_response
 from .metrics_text import RankView, render
+from .models import ModelEndpoints
 from .probes import DEFAULT_MAX_TOKENS, ProbeEndpoints
 from .responses import ResponsesEndpoints, ResponseStore
 from .tokenizer import ChatTemplateError, TextCodec, render_chat
 
 log = logging.getLogger("loadtest.simulator")
 
-SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 DONE = b"data: [DONE]\n\n"
 LONG_TEXT_CHARS = 8192
 
@@ -77,7 +77,7 @@ class _Gen:
     model: str
 
 
-class EngineServer(ProbeEndpoints, ResponsesEndpoints):
+class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints):
     def __init__(self, cfg: ServerConfig, engines: list[Any], codec: TextCodec,
                  faults: Faults | None = None) -> None:
         self.cfg = cfg
@@ -512,52 +512,6 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints):
                          b"\x00\xffgarbage without an SSE field\n\n")
         await resp.write_eof()
         return resp
-
-    # --- models and LoRA ------------------------------------------------------------------
-    async def models(self, request: web.Request) -> web.Response:
-        if self.faults.starting():
-            raise self._starting_error()
-
-        def card(mid: str, root: str, parent: str | None) -> dict[str, Any]:
-            return {"id": mid, "object": "model", "created": self.created, "owned_by": "vllm",
-                    "root": root, "parent": parent, "max_model_len": self.cfg.max_model_len,
-                    "permission": [{"id": f"modelperm-{mid}", "object": "model_permission",
-                                    "created": self.created, "allow_create_engine": False,
-                                    "allow_sampling": True, "allow_logprobs": True,
-                                    "allow_search_indices": False, "allow_view": True,
-                                    "allow_fine_tuning": False, "organization": "*",
-                                    "group": None, "is_blocking": False}]}
-
-        data = [card(self.cfg.model, self.cfg.model, None)]
-        data += [card(name, path, self.cfg.model) for name, path in self.loras.items()]
-        return json_response({"object": "list", "data": data})
-
-    async def load_lora(self, request: web.Request) -> web.Response:
-        body = await self.read_json(request)
-        name, path = body.get("lora_name"), body.get("lora_path")
-        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
-            raise ApiError(400, "Both 'lora_name' and 'lora_path' must be provided.",
-                           param="lora_name")
-        if name in self.loras or name == self.cfg.model:
-            raise ApiError(400, f"The lora adapter '{name}' has already been loaded.",
-                           param="lora_name")
-        if len(self.loras) >= self.cfg.max_loras:
-            raise ApiError(400, f"Cannot load LoRA adapter '{name}': max_loras="
-                           f"{self.cfg.max_loras} adapters are already loaded.",
-                           param="lora_name")
-        self.loras[name] = path
-        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
-
-    async def unload_lora(self, request: web.Request) -> web.Response:
-        body = await self.read_json(request)
-        name = body.get("lora_name")
-        if not isinstance(name, str) or not name:
-            raise ApiError(400, "'lora_name' must be provided.", param="lora_name")
-        if name not in self.loras:
-            raise ApiError(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError",
-                           "lora_name")
-        del self.loras[name]
-        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     # --- health, metrics, probes of other routers -----------------------------------------
     async def health(self, request: web.Request) -> web.Response:
