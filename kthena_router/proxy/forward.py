@@ -34,9 +34,9 @@ from kthena_router.proxy.by_id import pinned_endpoint, stored_at
 from kthena_router.proxy.executor import Executor
 from kthena_router.proxy.headers import RequestHeaders, response_headers
 from kthena_router.proxy.paths import RESPONSES_PATH, ApiPath, request_line, resolve
+from kthena_router.proxy.relay import Exchange, Message, Receive, Scope, Send
 from kthena_router.proxy.response_ids import ResponseIds, StoredAt
 from kthena_router.proxy.sse import StreamEnd
-from kthena_router.proxy.relay import Exchange, Message, Receive, Scope, Send
 from kthena_router.proxy.upstream import Response, UpstreamPool
 from kthena_router.routing.table import RouteMatch, RouteNotFound
 from kthena_router.scheduling.request import RequestInfo

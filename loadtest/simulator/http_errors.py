@@ -37,5 +37,15 @@ def error_response(status: int, message: str, type_: str | None = None,
     return web.Response(status=status, body=orjson.dumps(body), content_type=JSON)
 
 
+def stream_flag(body: dict[str, Any]) -> bool:
+    """The request's `stream` (absent or null: False); 400 if not a boolean."""
+    stream = body.get("stream", False)
+    if stream is None:
+        return False
+    if not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be a boolean", param="stream")
+    return stream
+
+
 def json_response(obj: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(obj), content_type=JSON)

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .http_errors import SSE_HEADERS, ApiError, json_response
+from .http_errors import SSE_HEADERS, ApiError, json_response, stream_flag
 from .probes import DEFAULT_MAX_TOKENS
 from .tokenizer import ChatTemplateError, render_chat
 
@@ -90,11 +90,7 @@ class ResponsesEndpoints:
     async def serve_response(self, request: web.Request, entry: dict[str, Any],
                              body: dict[str, Any]) -> web.StreamResponse:
         model, lora = self.served(body.get("model"))
-        stream = body.get("stream", False)
-        if stream is None:
-            stream = False
-        if not isinstance(stream, bool):
-            raise ApiError(400, "'stream' must be a boolean", param="stream")
+        stream = stream_flag(body)
         limit = body.get("max_output_tokens")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ApiError(400, "max_output_tokens must be an integer of at least 1", param="max_output_tokens")

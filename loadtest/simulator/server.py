@@ -27,7 +27,7 @@ from aiohttp import web
 from .accounting import RequestLog
 from .fast_engine import GenRequest  # same fields as engine.GenRequest (duck-typed)
 from .faults import Faults
-from .http_errors import JSON, SSE_HEADERS, ApiError, error_response, json_response
+from .http_errors import JSON, SSE_HEADERS, ApiError, error_response, json_response, stream_flag
 from .metrics_text import RankView, render
 from .models import ModelEndpoints
 from .probes import DEFAULT_MAX_TOKENS, ProbeEndpoints
@@ -297,11 +297,7 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints):
         n = body.get("n", 1)
         if n is not None and n != 1:
             raise ApiError(400, "Only n=1 is supported by the simulator.", param="n")
-        stream = body.get("stream", False)
-        if stream is None:
-            stream = False
-        if not isinstance(stream, bool):
-            raise ApiError(400, "'stream' must be a boolean", param="stream")
+        stream = stream_flag(body)
         opts = body.get("stream_options")
         include_usage = False
         if opts is not None:

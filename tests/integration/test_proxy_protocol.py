@@ -9,9 +9,7 @@ engine whose behaviour a request picks with its `x_mode` field.
 
 from __future__ import annotations
 
-import gzip
 import json
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +21,7 @@ import openai
 import pytest
 
 PROTO_ENGINE = r'''
-import asyncio, gzip, json, sys
+import gzip, json, sys
 from aiohttp import web
 
 def chunk(text):
@@ -75,14 +73,8 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
 
 @pytest.fixture(scope="module")
 def proto_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    work = tmp_path_factory.mktemp("proto-engine")
-    port = harness.free_port()
-    proc = harness.ManagedProcess("proto-engine", [sys.executable, "-c", PROTO_ENGINE, str(port)], work)
-    try:
-        harness.wait_until(lambda: harness.port_accepts(port), 60, what="proto engine")
+    with harness.script_engine("proto-engine", PROTO_ENGINE, tmp_path_factory.mktemp("proto-engine")) as port:
         yield port
-    finally:
-        proc.kill_group()
 
 
 @pytest.fixture(scope="module")
