@@ -35,22 +35,23 @@ class RequestHeaders:
 
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
         by_name: dict[str, str] = {}
+        kept: list[tuple[str, bytes]] = []
         for k, v in raw:
-            by_name[k.decode("latin-1").lower()] = v.decode("latin-1")
-        named = connection_named(by_name["connection"]) if "connection" in by_name else ()
-        lines: list[bytes] = []
-        for k, v in raw:
-            name = k.lower()
-            text = name.decode("latin-1")
-            if text in _DROP_REQUEST or text in named:
-                continue
-            lines.append(name + b": " + v + b"\r\n")
+            name = k.decode("latin-1").lower()
+            by_name[name] = v.decode("latin-1")
+            if name not in _DROP_REQUEST:
+                kept.append((name, name.encode("latin-1") + b": " + v + b"\r\n"))
+        conn = by_name.get("connection")
+        if conn:  # usually just keep-alive/close; anything else it names stays on this hop
+            named = connection_named(conn)
+            kept = [kv for kv in kept if kv[0] not in named]
         rid = by_name.get("x-request-id", "")
         if not rid or len(rid) > MAX_REQUEST_ID or not rid.isprintable():
             rid = os.urandom(16).hex()
         self.by_name = by_name
         self.request_id = rid
         # x-request-id last (tests and engines look for it there), then identity
+        lines = [line for _, line in kept]
         lines.append(b"x-request-id: " + rid.encode("latin-1") + b"\r\n")
         lines.append(_IDENTITY)
         self.upstream = b"".join(lines)

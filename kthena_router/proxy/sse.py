@@ -89,7 +89,8 @@ def _json(data: bytes) -> Any:
 class SseRelay:
     """Per-request state of one streamed response."""
 
-    __slots__ = ("hide_usage", "end", "usage", "ended", "started", "response_id", "_pending")
+    __slots__ = ("hide_usage", "end", "usage", "ended", "started", "response_id", "_pending", "_responses",
+                 "_done")
 
     def __init__(self, hide_usage: bool, end: StreamEnd = StreamEnd.DONE) -> None:
         self.hide_usage = hide_usage
@@ -99,12 +100,17 @@ class SseRelay:
         self.started = False  # at least one complete event seen
         self.response_id: str | None = None  # Responses API: the id the engine stored it under
         self._pending = b""
+        self._responses = end is StreamEnd.RESPONSES  # (enum member lookups cost on every read)
+        self._done = end is StreamEnd.DONE
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to forward for this read (maybe b""); raises InvalidStream on garbage."""
         buf = self._pending + chunk if self._pending else chunk
-        lf, crlf = buf.rfind(b"\n\n"), buf.rfind(b"\r\n\r\n")
-        cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+        if buf.endswith(b"\n\n"):  # the usual read: whole events
+            cut = len(buf)
+        else:
+            lf, crlf = buf.rfind(b"\n\n"), buf.rfind(b"\r\n\r\n")
+            cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
         if not cut:
             self._pending = buf
             if len(buf) > 1 << 20:  # an event over 1 MiB: not SSE from an engine
@@ -121,12 +127,12 @@ class SseRelay:
             self.started = True
         elif not out.lstrip(b"\r\n").startswith(_FIELD_STARTS):  # later reads: a cheap check
             raise InvalidStream("response is not an event stream")
-        if self.end is StreamEnd.RESPONSES:
+        if self._responses:
             self._responses_events(out)
             return out
         if _USAGE in out:
             out = self._take_usage(out)
-        if not self.ended and self.end is StreamEnd.DONE and _has_done(out):
+        if self._done and not self.ended and _has_done(out):
             self.ended = True
         return out
 

@@ -108,9 +108,7 @@ def _engine_of(sim: harness.Simulator, request_id: str) -> int:
 
 
 def _upstream_errors(router: harness.Router) -> float:
-    fams = harness.parse_metrics(router.metrics_text())
-    fam = fams.get("kthena_router_upstream_errors")
-    return sum(s.value for s in fam.samples) if fam is not None else 0.0
+    return harness.metric_value(harness.parse_metrics(router.metrics_text()), "kthena_router_upstream_errors_total")
 
 
 # --- Responses API -------------------------------------------------------------------------
@@ -179,11 +177,14 @@ def _stream(router: harness.Router, mode: str) -> bytes:
 
 
 def test_done_inside_model_text_is_relayed_and_not_the_end(router: harness.Router) -> None:
+    errors_before = _upstream_errors(router)
     whole = _stream(router, "done_text")
     assert whole.endswith(b"data: [DONE]\n\n") and b"last" in whole and b'"error"' not in whole
+    assert _upstream_errors(router) == errors_before
     cut = _stream(router, "done_text_cut")  # the same text, then EOF without the [DONE] event
     assert b"last" in cut
     assert cut.rstrip().split(b"\n\n")[-1].startswith(b'data: {"error"')
+    assert _upstream_errors(router) == errors_before + 1  # (the counter the Responses test reads)
     # that engine failure ejected the only proto engine for a moment: wait for it to return
     with httpx.Client(timeout=60) as http:
         harness.wait_until(lambda: http.post(router.openai_url + "/chat/completions",
