@@ -20,6 +20,7 @@ HOP_BY_HOP = frozenset({
 _DROP_REQUEST = HOP_BY_HOP | {"host", "content-length", "authorization", "x-request-id", "accept-encoding"}
 _DROP_RESPONSE = frozenset(n.encode() for n in HOP_BY_HOP | {"content-length", "x-request-id", "date", "server"})
 _IDENTITY = b"accept-encoding: identity\r\n"
+_PLAIN_CONNECTION = frozenset({"keep-alive", "close", "Keep-Alive", "Close"})
 MAX_REQUEST_ID = 200
 
 
@@ -42,7 +43,7 @@ class RequestHeaders:
             if name not in _DROP_REQUEST:
                 kept.append((name, name.encode("latin-1") + b": " + v + b"\r\n"))
         conn = by_name.get("connection")
-        if conn:  # usually just keep-alive/close; anything else it names stays on this hop
+        if conn and conn not in _PLAIN_CONNECTION:  # anything it names stays on this hop
             named = connection_named(conn)
             kept = [kv for kv in kept if kv[0] not in named]
         rid = by_name.get("x-request-id", "")
