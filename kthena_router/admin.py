@@ -8,6 +8,9 @@ POST /admin/reload      validate the config file and the router configuration (-
                         invalid -> 400 naming file/document/field (old ones stay); valid ->
                         trigger every worker's reload and wait until each reports both digests
 GET /debug/config_dump  routes, servers, endpoints of the applied config (no secrets)
+GET /debug/<view>       a worker-held debug view (e.g. kv_ownership), relayed from every
+                        worker's unix socket ({"workers": [{"pid", ...view}]}) or, with
+                        ?pid=N, one worker's view as is (debug_socket.py)
 
 It runs on its own asyncio loop in a thread of the parent, so it stays responsive while
 granian's main thread waits for or stops workers.
@@ -29,11 +32,13 @@ from typing import Any
 
 import msgspec
 import orjson
+import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, generate_latest, multiprocess
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from kthena_router import worker_status
+from kthena_router.debug_socket import socket_path
 from kthena_router.config.errors import ConfigError
 from kthena_router.config.loader import load_config_file
 from kthena_router.config.model import RouterConfig
@@ -172,6 +177,7 @@ class AdminServer:
         app.router.add_post("/admin/reload", self.reload)
         app.router.add_get("/debug/config_dump", self.dump)
         app.router.add_get("/debug/workers", self.workers)
+        app.router.add_get("/debug/{view}", self.worker_view)
         self._reload_lock = asyncio.Lock()
         # aiohttp's server sets TCP_NODELAY on accepted connections.
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
@@ -221,6 +227,35 @@ class AdminServer:
                 ]
             }
         )
+
+    async def worker_view(self, request: web.Request) -> web.Response:
+        view = request.match_info["view"]
+        pids = self.view.worker_pids()
+        wanted = request.query.get("pid")
+        if wanted is not None:
+            if not wanted.isdigit() or int(wanted) not in pids:
+                return _json(_not_found(f"no worker with pid {wanted!r}"), status=404)
+            status, body = await self._ask_worker(int(wanted), view)
+            return _json(body, status=status)
+        found = []
+        for pid in pids:
+            status, body = await self._ask_worker(pid, view)
+            if status == 200:
+                found.append({"pid": pid, **body})
+        if not found:
+            return _json(_not_found(f"no such debug view: /debug/{view}"), status=404)
+        return _json({"workers": found})
+
+    async def _ask_worker(self, pid: int, view: str) -> tuple[int, dict[str, Any]]:
+        path = socket_path(self.settings.runtime_dir, pid)
+        try:
+            async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=path),
+                                             timeout=aiohttp.ClientTimeout(total=10)) as session:
+                async with session.get(f"http://worker/debug/{view}") as resp:
+                    return resp.status, await resp.json()
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+            return 502, {"error": {"message": f"worker {pid} did not answer ({type(exc).__name__})",
+                                   "type": "upstream_error", "param": None, "code": 502}}
 
     async def reload(self, request: web.Request) -> web.Response:
         assert self._reload_lock is not None
@@ -299,6 +334,10 @@ class AdminServer:
             for p in pids
         ]
         return _json(body)
+
+
+def _not_found(message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "NotFoundError", "param": None, "code": 404}}
 
 
 def _float_param(request: web.Request, name: str, default: float) -> float:

@@ -22,13 +22,15 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
+from kthena_router.access_log import AccessLog
 from kthena_router.config.loader import load_config_file
 from kthena_router.config.traffic import DEFAULT_TRAFFIC
 from kthena_router.config.watcher import ConfigWatcher
 from kthena_router.config_applier import ConfigApplier
+from kthena_router.debug_socket import DebugServer
 from kthena_router.endpoints.balancer import Balancer, RoundRobinBalancer
 from kthena_router.endpoints.health import EjectionPolicy, HealthProber
 from kthena_router.endpoints.registry import EndpointRegistry
@@ -117,7 +119,8 @@ def create_app(settings: RouterSettings | None = None) -> Any:
 
     prober = HealthProber(lambda: pool.session, all_targets, settings.health_probe_interval_s,
                           settings.health_probe_timeout_s)
-    forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober)
+    access_log = AccessLog(settings.access_log, settings.access_log_flush_s) if settings.access_log else None
+    forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober, access_log=access_log)
     applier = ConfigApplier(settings, holder, registry, metrics, traffic)
     applier.after_swap.append(pool_pruner(lambda: pool.h1))
     if reloader is not None:
@@ -133,6 +136,10 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                     metrics.set_endpoint_healthy(ep.server_label, key, healthy)
 
     registry.set_health_listener(health_changed)
+    debug = DebugServer(settings.runtime_dir, {
+        "kv_ownership": lambda: reloader.matcher.debug_view() if reloader is not None and reloader.matcher is not None else None,
+        "response_ids": lambda: {"count": len(forwarder.response_ids), "limit": forwarder.response_ids.limit},
+    })
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -160,9 +167,13 @@ def create_app(settings: RouterSettings | None = None) -> Any:
             tasks.extend(loop.create_task(w.run()) for w in watchers)
         tasks.append(loop.create_task(applier.refresh_dns_forever()))
         prober.start()
+        await debug.start()
+        if access_log is not None:
+            access_log.start()
         try:
             yield
         finally:
+            await debug.close()
             for w in watchers:
                 w.stop()
             if scraper is not None:
@@ -179,17 +190,11 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             await pool.close()
-
-    async def _kv_ownership(request: Request) -> Response:
-        """This worker's KV-event ownership table (tests, debugging; O(entries))."""
-        matcher = reloader.matcher if reloader is not None else None
-        if matcher is None:
-            return error_response(404, "kvcache-aware is not enabled")
-        return JSONResponse(matcher.debug_view())
+            if access_log is not None:
+                await access_log.close()
 
     starlette = Starlette(
         routes=[Route("/v1/models", _models, methods=_ALL_METHODS),
-                Route("/debug/kv_ownership", _kv_ownership, methods=["GET"]),
                 Route("/{path:path}", _not_found, methods=_ALL_METHODS)],
         lifespan=lifespan,
     )

@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first passive-ejection backoff of a failing endpoint (doubles, capped)")
     p.add_argument("--eject-max-s", type=float, default=d.eject_max_s,
                    help="longest passive-ejection backoff")
+    p.add_argument("--access-log", default="", metavar="FILE|-",
+                   help="JSON-lines access log (one line per proxied request, no prompt text); "
+                        "'-' for stdout; off when empty")
+    p.add_argument("--access-log-flush-s", type=float, default=d.access_log_flush_s,
+                   help="longest delay before buffered access-log lines are written")
+    p.add_argument("--response-id-cache-size", type=int, default=d.response_id_cache_size,
+                   help="Responses API ids remembered per worker (routes previous_response_id and GET by id)")
     return p
 
 
@@ -86,6 +93,9 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         scrape_interval_s=args.scrape_interval_s,
         hot_spot_abs=args.hot_spot_abs,
         hot_spot_rel=args.hot_spot_rel,
+        access_log=args.access_log,
+        access_log_flush_s=args.access_log_flush_s,
+        response_id_cache_size=args.response_id_cache_size,
     ).resolved()
     settings.validate()
     return settings

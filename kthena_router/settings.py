@@ -84,6 +84,12 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     batching variance, 1.5 points of hit rate and ~4% req/s on the shared-prefix benchmark)."""
     hot_spot_rel: float = 1.5
     """... and more than this many times busier than the least loaded one for load to win."""
+    access_log: str = ""
+    """Access log destination: a file path (appended to), "-" for stdout, empty: off."""
+    access_log_flush_s: float = 1.0
+    """Access log lines are buffered and written at most this long after the request."""
+    response_id_cache_size: int = 100_000
+    """Responses API: response ids (-> the engine that stored them) remembered per worker."""
     app_factory: str = "kthena_router.app:create_app"
     """granian target (module:factory) of the workers; changed only by tests of the supervisor."""
 
@@ -95,11 +101,14 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         router_config = self.router_config_path
         if router_config:
             router_config = str(Path(router_config).expanduser().resolve())
+        access_log = self.access_log
+        if access_log and access_log != "-":
+            access_log = str(Path(access_log).expanduser().resolve())
         trigger = self.reload_trigger_path
         if not trigger and self.runtime_dir:
             trigger = str(Path(self.runtime_dir) / RELOAD_TRIGGER_NAME)
         return msgspec.structs.replace(self, config_path=config_path, reload_trigger_path=trigger,
-                                       router_config_path=router_config)
+                                       router_config_path=router_config, access_log=access_log)
 
     def validate(self) -> None:
         """Raise SettingsError on values that cannot work."""
@@ -122,6 +131,10 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.hot_spot_abs < 0 or self.hot_spot_rel < 1:
             raise SettingsError(f"need hot_spot_abs >= 0 and hot_spot_rel >= 1, got {self.hot_spot_abs}, "
                                 f"{self.hot_spot_rel}")
+        if self.access_log_flush_s <= 0:
+            raise SettingsError(f"access_log_flush_s must be > 0, got {self.access_log_flush_s}")
+        if self.response_id_cache_size < 1:
+            raise SettingsError(f"response_id_cache_size must be >= 1, got {self.response_id_cache_size}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise SettingsError(f"log_level must be debug|info|warning|error, got {self.log_level!r}")
 

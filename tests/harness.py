@@ -12,6 +12,7 @@ Import as `import harness` (tests/ is on sys.path through tests/conftest.py).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -363,6 +364,19 @@ def start_router(config_path: Path, log_dir: Path, *, workers: int = 1, drain_gr
             proc.kill_group()
             raise
     return router
+
+
+@contextlib.contextmanager
+def script_engine(name: str, script: str, log_dir: Path) -> Iterator[int]:
+    """A tiny engine written as a Python script (argv[1] = port) on a free port, for tests
+    that need engine behaviour the simulator does not have; yields the port."""
+    port = free_port()
+    proc = ManagedProcess(name, [PYTHON, "-c", script, str(port)], log_dir)
+    try:
+        wait_until(lambda: port_accepts(port), 60, what=name)
+        yield port
+    finally:
+        proc.kill_group()
 
 
 # --- configs -------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from kthena_router.endpoints.registry import EndpointState
 from kthena_router.errors import RequestError
 from kthena_router.metrics import RouterMetrics
 from kthena_router.config.traffic import ServerTraffic
+from kthena_router.proxy.headers import content_encoded
 from kthena_router.proxy.relay import AttemptFailure, Exchange, Relay, earliest, timeout_detail
 from kthena_router.proxy.relay_json import JsonRelay
 from kthena_router.proxy.relay_sse import SseStreamRelay
@@ -54,11 +55,13 @@ class Executor:
 
     async def run(self, x: Exchange, match: RouteMatch, targets: tuple[EndpointState, ...],
                   info: RequestInfo | None, head: bytes, tail: bytes, payload: bytes,
-                  traffic: ServerTraffic) -> None:
+                  traffic: ServerTraffic, pinned: EndpointState | None = None) -> None:
         """Deliver a response to the client, or raise RequestError (nothing sent yet).
 
         `head` is the request line, `tail` the headers after Host (CRLF-terminated, with
-        the final empty line), `payload` the body; `traffic` the server's resolved settings."""
+        the final empty line), `payload` the body; `traffic` the server's resolved settings.
+        `pinned`: only this endpoint may answer (it holds the stored response the request
+        refers to); the balancer is bypassed."""
         server = match.server
         balancer = self.balancer
         loop = asyncio.get_running_loop()
@@ -66,9 +69,12 @@ class Executor:
         x.max_buffered = traffic.max_buffered_response_bytes
         if t.total_s is not None:
             x.deadline = loop.time() + t.total_s
-        if info is not None:
-            await balancer.prepare(info)
-        candidates = balancer.candidates(server.key, targets, info)
+        if pinned is not None:
+            candidates = [pinned] if pinned.health.healthy else []
+        else:
+            if info is not None:
+                await balancer.prepare(info)
+            candidates = balancer.candidates(server.key, targets, info)
         if not candidates:
             self.prober.probe_soon(targets)
             raise RequestError(503, f"no healthy endpoint for model `{x.model_label}`")
@@ -158,7 +164,8 @@ class Executor:
                 except (UpstreamError, OSError, BodyTooLarge):
                     pass
                 return AttemptFailure(Failure.HTTP_5XX, f"upstream HTTP {status}")
-            if status == 200 and x.stream and resp.content_type.startswith("text/event-stream"):
+            if status == 200 and x.stream and resp.content_type.startswith("text/event-stream") \
+                    and not content_encoded(resp.raw_headers):  # compressed anyway: relayed as is
                 return await self.stream_relay.relay(x, resp)
             resp.set_timeouts(t.idle_s, x.deadline)
             return await self.buffered_relay.relay(x, resp)

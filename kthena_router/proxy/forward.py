@@ -1,9 +1,11 @@
 """One proxied request: validate, route, build the upstream request, hand it to the executor.
 
 The attempts (retry before the first byte) are executor.py's, the response bodies the
-relays' (relay.py). This module owns what is about the client's request: the method and
-path checks, headers forwarded upstream and returned to the client, the body, the route
-match, and the mapping of every failure to an OpenAI-style error.
+relays' (relay.py). This module owns what is about the client's request: the path
+allow-list (paths.py), headers forwarded upstream and returned to the client
+(headers.py), the body, the route match, pinning to the engine that stored a Responses
+API response (by_id.py), the mapping of every failure to an OpenAI-style error, and the
+access-log line.
 
 Client disconnect: granian does not raise from send() when the client is gone; its
 receive() returns http.disconnect instead (also while the request waits). A pending
@@ -17,13 +19,12 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import random
 import time
 from typing import Any
-from urllib.parse import quote
 
 from kthena_router.config.traffic import Admission, ServerTraffic
+from kthena_router.access_log import AccessLog, AccessRecord
 from kthena_router.endpoints.balancer import Balancer
 from kthena_router.endpoints.health import HealthProber
 from kthena_router.endpoints.registry import EndpointState
@@ -31,8 +32,13 @@ from kthena_router.errors import RequestError, send_error
 from kthena_router.metrics import RouterMetrics
 from kthena_router.proxy.body import ClientDisconnected, content_length, needs_usage_injection, parse_body, \
     read_body, rewrite
+from kthena_router.proxy.by_id import pinned_endpoint, stored_at
 from kthena_router.proxy.executor import Executor
+from kthena_router.proxy.headers import RequestHeaders, response_headers
+from kthena_router.proxy.paths import RESPONSES_PATH, ApiPath, request_line, resolve
 from kthena_router.proxy.relay import Exchange, Message, Receive, Scope, Send
+from kthena_router.proxy.response_ids import ResponseIds, StoredAt
+from kthena_router.proxy.sse import StreamEnd
 from kthena_router.proxy.upstream import Response, UpstreamPool
 from kthena_router.routing.table import RouteMatch, RouteNotFound
 from kthena_router.scheduling.request import RequestInfo
@@ -43,43 +49,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Forwarder", "Message", "Receive", "Scope", "Send"]
 
-# Request headers never forwarded: hop-by-hop, recomputed, or the client's credentials.
-_DROP_REQUEST = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-    "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length", "authorization",
-    "x-request-id",
-})
-_DROP_RESPONSE = frozenset({
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
-    b"te", b"trailer", b"transfer-encoding", b"upgrade", b"content-length", b"x-request-id",
-    b"date", b"server",
-})
-# Bounded "path" label values; any other forwarded /v1/* path counts as "/v1/other".
-_KNOWN_PATHS = frozenset({
-    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/score",
-    "/v1/rerank", "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/tokenize",
-    "/v1/detokenize", "/v1/chat/completions/render",
-})
-
-
-_KNOWN_TARGETS = {p: p.encode() for p in _KNOWN_PATHS}
-_REQUEST_TAIL = b" HTTP/1.1\r\n"
-
-
-# Engine management endpoints under /v1 that a client must not reach through the router.
-_ENGINE_ADMIN_PATHS = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
-
-
-def _path_label(path: str) -> str:
-    return path if path in _KNOWN_PATHS else "/v1/other"
-
-
-def _request_line(path: str) -> bytes:
-    """b"POST <target> HTTP/1.1\\r\\n" for the (decoded) ASGI path."""
-    target = _KNOWN_TARGETS.get(path)
-    if target is None:
-        target = quote(path, safe="/:@!$&'()*+,;=-._~%").encode("ascii")
-    return b"POST " + target + _REQUEST_TAIL
+_OTHER_LABEL = "/v1/other"  # "path" metric label of refused paths
 
 
 class _Disconnect:
@@ -115,8 +85,10 @@ class Forwarder:
 
     def __init__(self, settings: RouterSettings, holder: StateHolder, pool: UpstreamPool,
                  balancer: Balancer, metrics: RouterMetrics, prober: HealthProber,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None, access_log: AccessLog | None = None) -> None:
         self.settings = settings
+        self.response_ids = ResponseIds(settings.response_id_cache_size)
+        self.access_log = access_log
         self.holder = holder
         self.metrics = metrics
         self.executor = executor or Executor(settings, pool, balancer, metrics, prober)
@@ -162,11 +134,11 @@ class Forwarder:
 class _Request(Exchange):
     """State of one request; methods are the steps of Forwarder's hot path."""
 
-    __slots__ = ("fw", "scope", "fwd_headers", "header_map", "response_headers", "watch")
+    __slots__ = ("fw", "scope", "fwd_headers", "header_map", "response_headers", "watch", "api")
 
     def __init__(self, fw: Forwarder, scope: Scope, t0: float, send: Send) -> None:
         path: str = scope["path"]
-        super().__init__(fw.metrics, t0, path, _path_label(path))
+        super().__init__(fw.metrics, t0, path, _OTHER_LABEL)
         self.send = send
         self.fw = fw
         self.scope = scope
@@ -174,36 +146,47 @@ class _Request(Exchange):
         self.header_map: dict[str, str] = {}
         self.response_headers: list[tuple[bytes, bytes]] = []
         self.watch: _Disconnect | None = None
+        self.api: ApiPath | None = None
 
     # --- entry ----------------------------------------------------------------------
 
     async def run(self, receive: Receive, send: Send) -> None:
         raw_headers: list[tuple[bytes, bytes]] = self.scope["headers"]
-        self._split_headers(raw_headers)
+        hdrs = RequestHeaders(raw_headers)
+        self.header_map = hdrs.by_name
+        self.request_id = hdrs.request_id
+        self.fwd_headers = hdrs.upstream
         self.response_headers = [(b"x-request-id", self.request_id.encode("latin-1"))]
         watch: _Disconnect | None = None
         downstream = None
         try:
             try:
-                if self.path in _ENGINE_ADMIN_PATHS:  # engine management is not for clients
-                    raise RequestError(404, f"no such endpoint: {self.path}")
-                if self.scope["method"] != "POST":
-                    raise RequestError(405, f"method {self.scope['method']} is not allowed on {self.path}")
+                api = self.api = resolve(self.scope["method"], self.path)
+                self.path_label = api.label
+                self.stream_end = api.stream_end
+                if self.header_map.get("content-type", "").startswith("multipart/"):
+                    raise RequestError(415, f"{self.path} takes a JSON body (application/json), "
+                                            "not multipart/form-data")
                 raw = await read_body(receive, content_length(raw_headers), self.fw.settings.max_body_bytes)
-                body = parse_body(raw, self.path)
                 state = self.fw.holder.current
                 if state is None:
                     raise RequestError(503, "router has no configuration loaded yet")
+                if api.response_id:  # no body to route by: the stored response's model does
+                    body: Any = _ById(raw, stored_at(self.fw.response_ids, api.response_id, "response_id").model)
+                else:
+                    body = parse_body(raw, self.path)
                 try:
-                    match = state.table.match(body.model, self.path, self.header_map, self.fw.rng)
+                    match = state.table.match(body.model, RESPONSES_PATH if api.response_id else self.path,
+                                              self.header_map, self.fw.rng)
                 except RouteNotFound as exc:
                     raise RequestError(404, exc.message, param="model") from None
+                targets = state.targets.get(match.server.key, ())
+                pinned = self._pinned(api, body, targets)
                 self.model_label = body.model
                 downstream = self.fw.metrics.downstream(body.model)
                 downstream.inc()
                 watch = self.watch = _Disconnect(receive)
-                await self._forward(body, match, state.targets.get(match.server.key, ()),
-                                    state.traffic_of(match.server.key))
+                await self._forward(body, match, targets, pinned, state.traffic_of(match.server.key))
             except RequestError as err:
                 self.status = err.status
                 self.error_type = err.type
@@ -241,9 +224,14 @@ class _Request(Exchange):
                 watch.close()
             if downstream is not None:
                 downstream.dec()
+            duration = time.perf_counter() - self.t0
             self.fw.metrics.observe_request(
                 self.model_label, self.path_label, self.status, self.error_type, self.route_label,
-                self.server_label, self.endpoint_label, time.perf_counter() - self.t0)
+                self.server_label, self.endpoint_label, duration)
+            if self.response_id is not None and self.status == 200:
+                self.fw.response_ids.put(self.response_id, StoredAt(self.endpoint_label, self.model_label))
+            if self.fw.access_log is not None:
+                self._log_access(duration)
 
     def last_send(self) -> None:
         """From here on the response completes; a disconnect seen now must not cancel us
@@ -251,49 +239,69 @@ class _Request(Exchange):
         if self.watch is not None:
             self.watch.finished = True
 
-    def _split_headers(self, raw_headers: list[tuple[bytes, bytes]]) -> None:
-        fwd: list[bytes] = []
-        hmap = self.header_map
-        for k, v in raw_headers:
-            name = k.decode("latin-1").lower()
-            value = v.decode("latin-1")
-            hmap[name] = value
-            if name in _DROP_REQUEST:
-                if name == "x-request-id" and value:
-                    self.request_id = value
-                continue
-            fwd.append(name.encode("latin-1") + b": " + v + b"\r\n")
-        if not self.request_id:
-            self.request_id = os.urandom(16).hex()
-        fwd.append(b"x-request-id: " + self.request_id.encode("latin-1") + b"\r\n")
-        self.fwd_headers = b"".join(fwd)
+    def _pinned(self, api: ApiPath, body: Any, targets: tuple[EndpointState, ...]) -> EndpointState | None:
+        """The engine that stored the response this request refers to, if it refers to one."""
+        if api.response_id:
+            at = stored_at(self.fw.response_ids, api.response_id, "response_id")
+            return pinned_endpoint(targets, at, api.response_id, "response_id")
+        if api.stream_end is StreamEnd.RESPONSES:
+            prev = body.obj.get("previous_response_id")
+            if prev is not None:
+                at = stored_at(self.fw.response_ids, prev, "previous_response_id")
+                return pinned_endpoint(targets, at, prev, "previous_response_id")
+        return None
+
+    def _log_access(self, duration: float) -> None:
+        assert self.fw.access_log is not None
+        ttft = self.ttft
+        self.fw.access_log.write(AccessRecord(
+            self.request_id, self.scope["method"], self.path_label, stream=self.stream, route=self.route_label,
+            server=self.server_label, model=self.model_label, endpoint=self.endpoint_label, status=self.status,
+            error_type=self.error_type, attempts=self.attempts,
+            ttft_ms=None if ttft is None else round(ttft * 1000, 3), duration_ms=round(duration * 1000, 3),
+            prompt_tokens=self.att_prompt_tokens, completion_tokens=self.completion_tokens))
 
     # --- forwarding -------------------------------------------------------------------
 
     async def _forward(self, body: Any, match: RouteMatch, targets: tuple[EndpointState, ...],
-                       traffic: ServerTraffic) -> None:
+                       pinned: EndpointState | None, traffic: ServerTraffic) -> None:
         fw = self.fw
         server = match.server
         self.route_label = f"{match.route.namespace}/{match.route.name}"
         self.server_label = f"{server.namespace}/{server.name}"
         self.stream = body.stream
-        self.inject = inject = needs_usage_injection(body)
-        payload = rewrite(body, None if match.is_lora else match.upstream_model, inject)
+        # usage injection: only APIs whose streams carry a usage chunk (chat, completions)
+        self.inject = inject = needs_usage_injection(body) and self.stream_end is StreamEnd.DONE
+        payload = body.raw if isinstance(body, _ById) else \
+            rewrite(body, None if match.is_lora else match.upstream_model, inject)
         info = None
-        if fw.needs_info:
+        if fw.needs_info and pinned is None:
             info = RequestInfo(self.request_id, self.path, body.obj, server.model or match.upstream_model,
                                body.model if match.is_lora else "", body.model)
         headers = self.fwd_headers
         if server.upstream_headers:
             headers += b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in server.upstream_headers.items())
         # request line and headers except Host (per endpoint), then the body's length
-        head = _request_line(self.path)
+        head = request_line(self.scope["method"], self.path, self.scope.get("query_string", b""))
         tail = headers + b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n"
-        await fw.executor.run(self, match, targets, info, head, tail, payload, traffic)
+        await fw.executor.run(self, match, targets, info, head, tail, payload, traffic, pinned)
 
     def start_headers(self, resp: Response, body_len: int | None) -> list[tuple[bytes, bytes]]:
-        out = [(k, v) for k, v in resp.raw_headers if k.lower() not in _DROP_RESPONSE]
+        out = response_headers(resp.raw_headers)
         if body_len is not None:
             out.append((b"content-length", str(body_len).encode()))
         out.extend(self.response_headers)
         return out
+
+
+class _ById:
+    """The body-less request of GET /v1/responses/{id} (or its cancel), routed by the stored model."""
+
+    __slots__ = ("raw", "obj", "model", "stream", "client_wants_usage")
+
+    def __init__(self, raw: bytes, model: str) -> None:
+        self.raw = raw
+        self.obj: dict[str, Any] = {}
+        self.model = model
+        self.stream = False
+        self.client_wants_usage = False

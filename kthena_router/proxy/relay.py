@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kthena_router.config.traffic import ServerTraffic, Timeouts
 from kthena_router.endpoints.health import Failure
+from kthena_router.proxy.sse import StreamEnd
 
 if TYPE_CHECKING:
     from kthena_router.metrics import RouterMetrics
@@ -80,7 +81,8 @@ class Exchange:
 
     __slots__ = ("send", "metrics", "t0", "path", "path_label", "request_id", "model_label", "route_label",
                  "server_label", "endpoint_label", "status", "error_type", "committed", "stream", "inject",
-                 "timeouts", "deadline", "first_token_at", "max_buffered", "att_t0", "att_ttft", "att_tpot", "att_prompt_tokens")
+                 "timeouts", "deadline", "first_token_at", "max_buffered", "att_t0", "att_ttft", "att_tpot",
+                 "att_prompt_tokens", "stream_end", "attempts", "ttft", "completion_tokens", "response_id")
 
     def __init__(self, metrics: RouterMetrics, t0: float, path: str, path_label: str) -> None:
         self.send: Send = _no_send
@@ -107,6 +109,11 @@ class Exchange:
         self.att_ttft: float | None = None
         self.att_tpot: float | None = None
         self.att_prompt_tokens: int | None = None  # the engine's usage.prompt_tokens
+        self.stream_end = StreamEnd.DONE  # how this API's streams end (paths.py)
+        self.attempts = 0
+        self.ttft: float | None = None  # request start to the first body byte sent to the client
+        self.completion_tokens: int | None = None
+        self.response_id: str | None = None  # Responses API: the id the engine stored the answer under
 
     def start_headers(self, resp: Response, body_len: int | None) -> list[tuple[bytes, bytes]]:
         """Response headers for the client: the upstream's, filtered, plus ours."""
@@ -122,6 +129,7 @@ class Exchange:
     def begin_attempt(self, t: float) -> None:
         self.att_t0 = t
         self.att_ttft = self.att_tpot = self.att_prompt_tokens = None
+        self.attempts += 1
 
 
 class Relay(Protocol):
@@ -136,3 +144,13 @@ async def _no_send(message: Message) -> None:
 
 def int_or_none(value: object) -> int | None:
     return value if type(value) is int else None
+
+
+def usage_of(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """A body's usage as prompt/completion tokens (the Responses API says input/output)."""
+    usage = obj.get("usage")
+    if type(usage) is not dict:
+        return None
+    if "input_tokens" in usage and "prompt_tokens" not in usage:
+        return {"prompt_tokens": usage.get("input_tokens"), "completion_tokens": usage.get("output_tokens")}
+    return usage

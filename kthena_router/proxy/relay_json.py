@@ -3,7 +3,9 @@
 The whole body is read and checked before the status line goes out, so an engine that
 breaks off or returns invalid JSON is retried elsewhere. The body is then passed on
 unchanged, with its usage counted. The body is held in memory, so it is capped
-(maxBufferedResponseBytes: over it 502, the connection dropped).
+(maxBufferedResponseBytes: over it 502, the connection dropped). A body the engine
+compressed although we asked for identity (headers.py) cannot be checked and passes as
+is, Content-Encoding included.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import orjson
 
 from kthena_router.endpoints.health import Failure
 from kthena_router.errors import RequestError
-from kthena_router.proxy.relay import AttemptFailure, Exchange, int_or_none, timeout_detail
+from kthena_router.proxy.headers import content_encoded
+from kthena_router.proxy.relay import AttemptFailure, Exchange, int_or_none, timeout_detail, usage_of
+from kthena_router.proxy.sse import StreamEnd
 from kthena_router.proxy.upstream import BodyTooLarge, Response, UpstreamError, UpstreamTimeout
 
 # Paths whose 200 answer is JSON whatever content-type the engine claims.
@@ -42,7 +46,7 @@ class JsonRelay:
                                     f"reply or stream it", code="response_too_large") from None
         status = resp.status
         usage = None
-        if status == 200:
+        if status == 200 and not content_encoded(resp.raw_headers):
             try:
                 obj = orjson.loads(data)
             except orjson.JSONDecodeError:
@@ -50,7 +54,9 @@ class JsonRelay:
                     return AttemptFailure(Failure.INVALID, "invalid JSON from upstream")
                 obj = None
             if type(obj) is dict:
-                usage = obj.get("usage")
+                usage = usage_of(obj)
+                if x.stream_end is StreamEnd.RESPONSES and type(obj.get("id")) is str:
+                    x.response_id = obj["id"]
         x.commit(status)
         if status >= 400:
             x.error_type = "upstream_4xx"
@@ -58,11 +64,12 @@ class JsonRelay:
         await x.send({"type": "http.response.start", "status": status,
                       "headers": x.start_headers(resp, len(data))})
         await x.send({"type": "http.response.body", "body": data, "more_body": False})
+        x.ttft = time.perf_counter() - x.t0
         if status == 200:
             metrics = x.metrics
-            metrics.observe_ttft(x.model_label, x.path_label, time.perf_counter() - x.t0)
+            metrics.observe_ttft(x.model_label, x.path_label, x.ttft)
             if type(usage) is dict:
                 x.att_prompt_tokens = int_or_none(usage.get("prompt_tokens"))
-                metrics.observe_tokens(x.model_label, x.path_label, x.att_prompt_tokens,
-                                       int_or_none(usage.get("completion_tokens")))
+                x.completion_tokens = int_or_none(usage.get("completion_tokens"))
+                metrics.observe_tokens(x.model_label, x.path_label, x.att_prompt_tokens, x.completion_tokens)
         return None

@@ -2,7 +2,8 @@
 
 The status line goes out only when the engine's first complete event is in hand, so an
 engine that dies, stalls or sends garbage before it is retried elsewhere. After that a
-failure ends the stream with an SSE error event and no [DONE].
+failure ends the stream with an SSE error event and no [DONE]. The end of a complete
+stream depends on the API (sse.StreamEnd): [DONE], a terminal Responses event, or EOF.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class SseStreamRelay:
     """Stateless; one per worker (per-stream state lives in sse.SseRelay)."""
 
     async def relay(self, x: Exchange, resp: Response) -> AttemptFailure | None:
-        relay = SseRelay(hide_usage=x.inject)
+        relay = SseRelay(hide_usage=x.inject, end=x.stream_end)
         t = x.timeouts
         # Before the commit: wait for the first complete event; failures here are retried.
         first_at = x.first_token_at
@@ -45,10 +46,11 @@ class SseStreamRelay:
         await send({"type": "http.response.start", "status": 200, "headers": x.start_headers(resp, None)})
         t_first = time.perf_counter()
         x.att_ttft = t_first - x.att_t0
-        # When the engine's body has ended with [DONE] in the bytes at hand, the data goes
+        x.ttft = t_first - x.t0
+        # When the engine's body has ended with its terminator in the bytes at hand, the data goes
         # out as the final body message (one ASGI send less per request).
-        ended = resp.done and relay.saw_done
-        if relay.saw_done:
+        ended = resp.done and relay.ended
+        if relay.ended:
             x.last_send()
         await send({"type": "http.response.body", "body": first, "more_body": not ended})
         t_last = t_first
@@ -62,7 +64,7 @@ class SseStreamRelay:
                         break
                     out = relay.feed(chunk)
                     if out:
-                        if relay.saw_done:
+                        if relay.ended:
                             # The client has everything it needs and may hang up now; that
                             # is a completed request, not a cancellation.
                             x.last_send()
@@ -78,7 +80,7 @@ class SseStreamRelay:
                 detail = timeout_detail(x, exc, None, f"no event within the idle timeout ({t.idle_s or 0:g}s)")
             except (UpstreamError, OSError):
                 failure = Failure.DIED
-            if failure is None and not relay.saw_done:
+            if failure is None and not relay.clean_eof():
                 failure = Failure.DIED
         if failure is not None:
             # Bytes reached the client: no retry; end with an error event and no [DONE].
@@ -87,14 +89,16 @@ class SseStreamRelay:
             await send({"type": "http.response.body", "more_body": False,
                         "body": sse_error_event("upstream failed during the stream "
                                                 f"({detail or failure.value}); the response is incomplete")})
-        elif not ended:
-            x.last_send()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            x.response_id = relay.response_id
+            if not ended:
+                x.last_send()
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         metrics = x.metrics
         metrics.observe_ttft(x.model_label, x.path_label, t_first - x.t0)
         usage = relay.usage
         if usage is not None:
-            completion = int_or_none(usage.get("completion_tokens"))
+            completion = x.completion_tokens = int_or_none(usage.get("completion_tokens"))
             x.att_prompt_tokens = int_or_none(usage.get("prompt_tokens"))
             metrics.observe_tokens(x.model_label, x.path_label, x.att_prompt_tokens, completion)
             if completion is not None and completion > 1 and failure is None:

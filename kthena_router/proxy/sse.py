@@ -1,24 +1,64 @@
-"""SSE relay: forward engine bytes as they come, find the usage chunk, hide it if asked.
+"""SSE relay: forward engine bytes as they come, find the usage and the end of the stream.
 
 Only complete events are forwarded (an incomplete tail waits for the next read; the
 client could not use half an event anyway), so that a chunk is never split between
-"forward" and "hide". Events are parsed only when they contain `"usage"`, which in
-practice is the final data event when the router injected include_usage.
+"forward" and "hide". Events are parsed only when a cheap substring test says they may
+matter (`"usage"`, `[DONE]`, a terminal event name), so plain token events pass as bytes.
+
+How a stream ends depends on the API (`StreamEnd`): chat and text completions with a
+`data: [DONE]` event; the Responses API (vLLM, OpenAI) with a `response.completed`,
+`response.incomplete` or `response.failed` event and no [DONE]; anything else with a
+clean end of the chunked body. `ended` says the terminator has been seen; `clean_eof()`
+whether the body ending now is a complete stream.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import orjson
 
-_DONE = b"data: [DONE]"
+_DONE = b"[DONE]"
 _USAGE = b'"usage"'
 _FIELD_STARTS = (b"data:", b"event:", b"id:", b"retry:", b":")
+_RESPONSE_TERMINALS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+_TERMINAL_HINTS = (b"response.completed", b"response.incomplete", b"response.failed")
+_CREATED_HINT = b"response.created"
+
+
+class StreamEnd(enum.Enum):
+    DONE = "done"            # data: [DONE]
+    RESPONSES = "responses"  # a terminal response.* event
+    EOF = "eof"              # no terminator: the end of the body
 
 
 class InvalidStream(Exception):
     """The engine's output is not an SSE stream."""
+
+
+def _fields(event: bytes) -> tuple[bytes | None, bytes | None]:
+    """(event name, data payload) of one event; None where the field is absent."""
+    name = None
+    data: list[bytes] = []
+    for line in event.splitlines():
+        if line.startswith(b"data:"):
+            value = line[5:]
+            data.append(value[1:] if value.startswith(b" ") else value)
+        elif line.startswith(b"event:"):
+            name = line[6:].strip()
+    return name, (b"\n".join(data) if data else None)
+
+
+def _has_done(block: bytes) -> bool:
+    """Whether an event of the block is `data: [DONE]` (the field, not model text: JSON
+    strings cannot hold a raw newline, so a data line that is just [DONE] is the marker)."""
+    if _DONE not in block:
+        return False
+    for line in block.splitlines():
+        if line.startswith(b"data:") and line[5:].strip() == _DONE:
+            return True
+    return False
 
 
 def _check_events(block: bytes) -> None:
@@ -32,39 +72,50 @@ def _check_events(block: bytes) -> None:
         for line in event.splitlines():
             if line.startswith(b"data:"):
                 data = line[5:].strip()
-                if data != b"[DONE]":
+                if data != _DONE:
                     try:
                         orjson.loads(data)
                     except orjson.JSONDecodeError:
                         raise InvalidStream("data event is not JSON") from None
 
 
+def _json(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise InvalidStream("data event is not JSON") from None
+
+
 class SseRelay:
     """Per-request state of one streamed response."""
 
-    __slots__ = ("hide_usage", "usage", "saw_done", "started", "_pending")
+    __slots__ = ("hide_usage", "end", "usage", "ended", "started", "response_id", "_pending", "_responses",
+                 "_done")
 
-    def __init__(self, hide_usage: bool) -> None:
+    def __init__(self, hide_usage: bool, end: StreamEnd = StreamEnd.DONE) -> None:
         self.hide_usage = hide_usage
-        self.usage: dict[str, Any] | None = None
-        self.saw_done = False
+        self.end = end
+        self.usage: dict[str, Any] | None = None  # prompt_tokens/completion_tokens (any API)
+        self.ended = False  # the API's terminator has been seen
         self.started = False  # at least one complete event seen
+        self.response_id: str | None = None  # Responses API: the id the engine stored it under
         self._pending = b""
+        self._responses = end is StreamEnd.RESPONSES  # (enum member lookups cost on every read)
+        self._done = end is StreamEnd.DONE
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to forward for this read (maybe b""); raises InvalidStream on garbage."""
         buf = self._pending + chunk if self._pending else chunk
-        cut = buf.rfind(b"\n\n")
-        if cut < 0:
-            cut = buf.rfind(b"\r\n\r\n")
-            if cut < 0:
-                self._pending = buf
-                if len(buf) > 1 << 20:  # an event over 1 MiB: not SSE from an engine
-                    raise InvalidStream("event exceeds 1 MiB without a terminator")
-                return b""
-            cut += 4
+        if buf.endswith(b"\n\n"):  # the usual read: whole events
+            cut = len(buf)
         else:
-            cut += 2
+            lf, crlf = buf.rfind(b"\n\n"), buf.rfind(b"\r\n\r\n")
+            cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+        if not cut:
+            self._pending = buf
+            if len(buf) > 1 << 20:  # an event over 1 MiB: not SSE from an engine
+                raise InvalidStream("event exceeds 1 MiB without a terminator")
+            return b""
         if cut == len(buf):
             self._pending = b""
             out = buf
@@ -76,10 +127,13 @@ class SseRelay:
             self.started = True
         elif not out.lstrip(b"\r\n").startswith(_FIELD_STARTS):  # later reads: a cheap check
             raise InvalidStream("response is not an event stream")
+        if self._responses:
+            self._responses_events(out)
+            return out
         if _USAGE in out:
             out = self._take_usage(out)
-        if not self.saw_done and _DONE in out:
-            self.saw_done = True
+        if self._done and not self.ended and _has_done(out):
+            self.ended = True
         return out
 
     def _take_usage(self, out: bytes) -> bytes:
@@ -87,11 +141,9 @@ class SseRelay:
         kept: list[bytes] = []
         changed = False
         for event in events:
-            if _USAGE in event and event.startswith(b"data:"):
-                try:
-                    obj = orjson.loads(event[5:])
-                except orjson.JSONDecodeError:
-                    raise InvalidStream("data event is not JSON") from None
+            if _USAGE in event:
+                _name, data = _fields(event)
+                obj = _json(data) if data is not None and data != _DONE else None
                 usage = obj.get("usage") if type(obj) is dict else None
                 if type(usage) is dict:
                     self.usage = usage
@@ -103,6 +155,45 @@ class SseRelay:
         if not changed:
             return out
         return b"\n\n".join(kept)
+
+    def _responses_events(self, out: bytes) -> None:
+        """Responses API: the stored id (response.created) and the terminal event's usage."""
+        created = self.response_id is None and _CREATED_HINT in out
+        if not created and not any(h in out for h in _TERMINAL_HINTS):
+            return
+        for event in out.split(b"\n\n"):
+            name, data = _fields(event)
+            if data is None:
+                continue
+            kind = name.decode("latin-1") if name is not None else None
+            if kind is not None and kind != "response.created" and kind not in _RESPONSE_TERMINALS:
+                continue  # e.g. a text delta that mentions an event name
+            obj = _json(data)
+            if type(obj) is not dict:
+                continue
+            kind = kind or obj.get("type")
+            response = obj.get("response")
+            if type(response) is not dict:
+                continue
+            if kind == "response.created" or kind in _RESPONSE_TERMINALS:
+                rid = response.get("id")
+                if type(rid) is str and rid:
+                    self.response_id = rid
+            if kind in _RESPONSE_TERMINALS:
+                self.ended = True
+                usage = response.get("usage")
+                if type(usage) is dict:
+                    self.usage = {"prompt_tokens": usage.get("input_tokens"),
+                                  "completion_tokens": usage.get("output_tokens"),
+                                  "total_tokens": usage.get("total_tokens")}
+
+    def clean_eof(self) -> bool:
+        """The engine's body ended now: was the stream complete?"""
+        if self.ended:
+            return True
+        if self.end is StreamEnd.EOF and not self._pending.strip(b"\r\n"):
+            self.ended = True
+        return self.ended
 
     def leftover(self) -> bytes:
         """An incomplete final event (the engine closed mid-event)."""

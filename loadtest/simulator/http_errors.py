@@ -1,4 +1,4 @@
-"""OpenAI-style error answers (vLLM's shape) and JSON responses."""
+"""OpenAI-style error answers (vLLM's shape), JSON responses, SSE response headers."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import orjson
 from aiohttp import web
 
 JSON = "application/json"
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
 class ApiError(Exception):
@@ -34,6 +35,16 @@ def error_response(status: int, message: str, type_: str | None = None,
     body = {"error": {"message": message, "type": type_ or _ERROR_TYPES.get(status, "Error"),
                       "param": param, "code": status}}
     return web.Response(status=status, body=orjson.dumps(body), content_type=JSON)
+
+
+def stream_flag(body: dict[str, Any]) -> bool:
+    """The request's `stream` (absent or null: False); 400 if not a boolean."""
+    stream = body.get("stream", False)
+    if stream is None:
+        return False
+    if not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be a boolean", param="stream")
+    return stream
 
 
 def json_response(obj: Any, status: int = 200) -> web.Response:

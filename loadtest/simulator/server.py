@@ -4,7 +4,7 @@ Per port: one or more engine instances (DP ranks; requests go to the least busy)
 the loaded LoRA adapters, the fault knobs and the request accounting. The listening
 socket is owned here so that `refuse_connections` can close and reopen it.
 
-Faults apply to the inference endpoints (chat/completions); /health answers 503
+Faults apply to the inference endpoints (chat, completions, responses); /health answers 503
 during slow start; `refuse_connections` closes the listener and resets any request
 arriving on an already open keep-alive connection (a dead process resets those too).
 """
@@ -29,9 +29,11 @@ from aiohttp.web_protocol import RequestPayloadError
 from .accounting import RequestLog
 from .fast_engine import GenRequest  # same fields as engine.GenRequest (duck-typed)
 from .faults import Faults
-from .http_errors import JSON, ApiError, error_response, json_response
+from .http_errors import JSON, SSE_HEADERS, ApiError, error_response, json_response, stream_flag
 from .metrics_text import RankView, render
+from .models import ModelEndpoints
 from .probes import DEFAULT_MAX_TOKENS, ProbeEndpoints
+from .responses import ResponsesEndpoints, ResponseStore
 from .tokenizer import ChatTemplateError, TextCodec, render_chat
 
 log = logging.getLogger("loadtest.simulator")
@@ -42,8 +44,6 @@ def _printable(v: str) -> str:
     admin API's JSON cannot carry."""
     return v if v.isascii() else v.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
-
-SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 DONE = b"data: [DONE]\n\n"
 LONG_TEXT_CHARS = 8192
 
@@ -85,7 +85,7 @@ class _Gen:
     model: str
 
 
-class EngineServer(ProbeEndpoints):
+class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints):
     def __init__(self, cfg: ServerConfig, engines: list[Any], codec: TextCodec,
                  faults: Faults | None = None) -> None:
         self.cfg = cfg
@@ -94,6 +94,7 @@ class EngineServer(ProbeEndpoints):
         self.codec = codec
         self.faults = faults or Faults()
         self.requests = RequestLog()
+        self.store = ResponseStore()
         self.loras: dict[str, str] = {name: f"/loras/{name}" for name in cfg.loras}
         self.rng = random.Random(cfg.seed * 7919 + cfg.index)
         self.created = int(time.time())
@@ -108,6 +109,8 @@ class EngineServer(ProbeEndpoints):
         r = app.router
         r.add_post("/v1/chat/completions", self.chat_completions)
         r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/responses", self.responses)
+        r.add_get("/v1/responses/{response_id}", self.get_response)
         r.add_get("/v1/models", self.models)
         r.add_post("/v1/load_lora_adapter", self.load_lora)
         r.add_post("/v1/unload_lora_adapter", self.unload_lora)
@@ -237,7 +240,11 @@ class EngineServer(ProbeEndpoints):
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._inference(request, chat=False)
 
-    async def _inference(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._inference(request, chat=None)
+
+    async def _inference(self, request: web.Request, chat: bool | None) -> web.StreamResponse:
+        """chat: True chat completions, False completions, None responses."""
         headers = {k.lower(): _printable(v) for k, v in request.headers.items()}
         entry = self.requests.add(headers.get("x-request-id"), request.path, headers)
         entry["tcp_nodelay"] = _nodelay(request)
@@ -258,7 +265,7 @@ class EngineServer(ProbeEndpoints):
             raise
 
     async def _serve(self, request: web.Request, entry: dict[str, Any],
-                     chat: bool) -> web.StreamResponse:
+                     chat: bool | None) -> web.StreamResponse:
         body = await self.read_json(request)
         entry["model"] = body.get("model")
         entry["stream"] = body.get("stream") is True
@@ -281,6 +288,8 @@ class EngineServer(ProbeEndpoints):
             entry["http_status"] = 200
             self.requests.set_status(entry, "errored")
             return await self._garbage(request, entry["stream"])
+        if chat is None:
+            return await self.serve_response(request, entry, body)
         gen = await self._validate(body, chat)
         entry["http_status"] = 200
         if gen.stream:
@@ -299,11 +308,7 @@ class EngineServer(ProbeEndpoints):
         n = body.get("n", 1)
         if n is not None and n != 1:
             raise ApiError(400, "Only n=1 is supported by the simulator.", param="n")
-        stream = body.get("stream", False)
-        if stream is None:
-            stream = False
-        if not isinstance(stream, bool):
-            raise ApiError(400, "'stream' must be a boolean", param="stream")
+        stream = stream_flag(body)
         opts = body.get("stream_options")
         include_usage = False
         if opts is not None:
@@ -530,52 +535,6 @@ class EngineServer(ProbeEndpoints):
                          b"\x00\xffgarbage without an SSE field\n\n")
         await resp.write_eof()
         return resp
-
-    # --- models and LoRA ------------------------------------------------------------------
-    async def models(self, request: web.Request) -> web.Response:
-        if self.faults.starting():
-            raise self._starting_error()
-
-        def card(mid: str, root: str, parent: str | None) -> dict[str, Any]:
-            return {"id": mid, "object": "model", "created": self.created, "owned_by": "vllm",
-                    "root": root, "parent": parent, "max_model_len": self.cfg.max_model_len,
-                    "permission": [{"id": f"modelperm-{mid}", "object": "model_permission",
-                                    "created": self.created, "allow_create_engine": False,
-                                    "allow_sampling": True, "allow_logprobs": True,
-                                    "allow_search_indices": False, "allow_view": True,
-                                    "allow_fine_tuning": False, "organization": "*",
-                                    "group": None, "is_blocking": False}]}
-
-        data = [card(self.cfg.model, self.cfg.model, None)]
-        data += [card(name, path, self.cfg.model) for name, path in self.loras.items()]
-        return json_response({"object": "list", "data": data})
-
-    async def load_lora(self, request: web.Request) -> web.Response:
-        body = await self.read_json(request)
-        name, path = body.get("lora_name"), body.get("lora_path")
-        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
-            raise ApiError(400, "Both 'lora_name' and 'lora_path' must be provided.",
-                           param="lora_name")
-        if name in self.loras or name == self.cfg.model:
-            raise ApiError(400, f"The lora adapter '{name}' has already been loaded.",
-                           param="lora_name")
-        if len(self.loras) >= self.cfg.max_loras:
-            raise ApiError(400, f"Cannot load LoRA adapter '{name}': max_loras="
-                           f"{self.cfg.max_loras} adapters are already loaded.",
-                           param="lora_name")
-        self.loras[name] = path
-        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
-
-    async def unload_lora(self, request: web.Request) -> web.Response:
-        body = await self.read_json(request)
-        name = body.get("lora_name")
-        if not isinstance(name, str) or not name:
-            raise ApiError(400, "'lora_name' must be provided.", param="lora_name")
-        if name not in self.loras:
-            raise ApiError(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError",
-                           "lora_name")
-        del self.loras[name]
-        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     # --- health, metrics, probes of other routers -----------------------------------------
     async def health(self, request: web.Request) -> web.Response:

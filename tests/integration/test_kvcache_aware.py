@@ -57,9 +57,9 @@ def config_docs(ports: list[int], kv_base: int) -> list[dict[str, Any]]:
 
 
 def ownership(router: harness.Router) -> dict[str, Any]:
-    r = httpx.get(router.base_url + "/debug/kv_ownership", timeout=30)
+    r = router.admin_get("/debug/kv_ownership")  # admin port only (one worker here)
     r.raise_for_status()
-    return r.json()["endpoints"]
+    return r.json()["workers"][0]["endpoints"]
 
 
 def fallbacks(router: harness.Router, **labels: str) -> float:

@@ -7,7 +7,6 @@ which headers and body bytes reach an engine.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 
 import harness
@@ -45,14 +44,8 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
 
 @pytest.fixture(scope="module")
 def echo_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    work = tmp_path_factory.mktemp("echo")
-    port = harness.free_port()
-    proc = harness.ManagedProcess("echo-engine", [sys.executable, "-c", ECHO_ENGINE, str(port)], work)
-    try:
-        harness.wait_until(lambda: harness.port_accepts(port), 60, what="echo engine")
+    with harness.script_engine("echo-engine", ECHO_ENGINE, tmp_path_factory.mktemp("echo")) as port:
         yield port
-    finally:
-        proc.kill_group()
 
 
 @pytest.fixture(scope="module")

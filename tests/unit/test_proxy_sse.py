@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from kthena_router.proxy.sse import InvalidStream, SseRelay
+from kthena_router.proxy.sse import InvalidStream, SseRelay, StreamEnd
 
 
 def _event(obj: object) -> bytes:
@@ -29,7 +29,7 @@ def test_hidden_usage_any_split(size: int) -> None:
     assert out == b"".join(CONTENT) + DONE
     assert relay.usage == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
     assert relay.output_tokens == 3
-    assert relay.saw_done
+    assert relay.ended
 
 
 @pytest.mark.parametrize("size", [5, len(STREAM)])
@@ -74,7 +74,7 @@ def test_broken_json_in_usage_event_is_invalid() -> None:
 def test_stream_without_done() -> None:
     relay = SseRelay(hide_usage=True)
     relay.feed(CONTENT[0] + CONTENT[1][:5])
-    assert not relay.saw_done
+    assert not relay.ended
     assert relay.leftover() == CONTENT[1][:5]
 
 
@@ -94,3 +94,75 @@ def test_binary_garbage_after_first_event_is_invalid() -> None:
     relay.feed(CONTENT[0])
     with pytest.raises(InvalidStream):
         relay.feed(b"\x00\xffgarbage without an SSE field\n\n")
+
+
+# --- end of stream per API ---------------------------------------------------------------
+
+def _resp_event(kind: str, **fields: object) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **fields}) + b"\n\n"
+
+
+def test_done_inside_model_text_is_not_the_end() -> None:
+    text = _event({"id": "c", "choices": [{"index": 0, "delta": {"content": "x\ndata: [DONE]\n\n [DONE]"}}]})
+    relay = SseRelay(hide_usage=False)
+    assert relay.feed(text) == text
+    assert not relay.ended and not relay.clean_eof()
+    assert relay.feed(DONE) == DONE
+    assert relay.ended and relay.clean_eof()
+
+
+@pytest.mark.parametrize("spelling", [b"data: [DONE]\n\n", b"data:[DONE]\n\n", b"data: [DONE]\r\n\r\n"])
+def test_done_field_spellings(spelling: bytes) -> None:
+    relay = SseRelay(hide_usage=False)
+    relay.feed(CONTENT[0] + spelling)
+    assert relay.ended
+
+
+RESP = {"id": "resp_1", "status": "in_progress", "usage": None}
+RESP_STREAM = [
+    _resp_event("response.created", sequence_number=0, response=RESP),
+    _resp_event("response.output_text.delta", sequence_number=1, delta="see response.completed [DONE]"),
+    _resp_event("response.output_text.delta", sequence_number=2, delta="more"),
+]
+
+
+@pytest.mark.parametrize("terminal", ["response.completed", "response.incomplete", "response.failed"])
+@pytest.mark.parametrize("size", [1, 13, 1000])
+def test_responses_end_with_terminal_event(terminal: str, size: int) -> None:
+    final = {"id": "resp_1", "status": terminal.split(".")[1],
+             "usage": {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7}}
+    stream = b"".join(RESP_STREAM) + _resp_event(terminal, sequence_number=3, response=final)
+    relay = SseRelay(hide_usage=False, end=StreamEnd.RESPONSES)
+    pieces = [stream[i:i + size] for i in range(0, len(stream), size)]
+    out = b""
+    for piece in pieces:
+        out += relay.feed(piece)
+        if relay.response_id is None:
+            assert not relay.ended
+    assert out == stream  # nothing hidden, nothing added
+    assert relay.ended and relay.clean_eof()
+    assert relay.response_id == "resp_1"
+    assert relay.output_tokens == 2 and relay.usage["prompt_tokens"] == 5
+
+
+def test_responses_text_naming_a_terminal_is_not_the_end() -> None:
+    relay = SseRelay(hide_usage=False, end=StreamEnd.RESPONSES)
+    relay.feed(b"".join(RESP_STREAM))
+    assert relay.response_id == "resp_1"
+    assert not relay.ended and not relay.clean_eof()
+
+
+def test_responses_terminal_without_event_field() -> None:
+    relay = SseRelay(hide_usage=False, end=StreamEnd.RESPONSES)
+    relay.feed(_event({"type": "response.completed", "response": {"id": "resp_9", "usage": None}}))
+    assert relay.ended and relay.response_id == "resp_9"
+
+
+def test_eof_api_ends_cleanly_only_between_events() -> None:
+    relay = SseRelay(hide_usage=False, end=StreamEnd.EOF)
+    relay.feed(CONTENT[0])
+    assert not relay.ended
+    assert relay.clean_eof()
+    cut = SseRelay(hide_usage=False, end=StreamEnd.EOF)
+    cut.feed(CONTENT[0] + CONTENT[1][:5])
+    assert not cut.clean_eof()
