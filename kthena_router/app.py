@@ -30,8 +30,10 @@ from kthena_router.config.loader import load_config_file
 from kthena_router.config.model import RouterConfig
 from kthena_router.config.watcher import ConfigWatcher
 from kthena_router.endpoints.balancer import Balancer, RoundRobinBalancer
-from kthena_router.endpoints.health import EjectionPolicy, HealthProber
+from kthena_router.config.traffic import DEFAULT_TRAFFIC
+from kthena_router.endpoints.health import HealthProber
 from kthena_router.endpoints.registry import EndpointRegistry
+from kthena_router.endpoints.selection import EndpointSelector
 from kthena_router.engine_state.scraper import EngineStateScraper
 from kthena_router.errors import error_response
 from kthena_router.metrics import RouterMetrics, ensure_multiprocess
@@ -180,22 +182,26 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     ensure_multiprocess(settings.prometheus_dir)
     metrics = RouterMetrics()
     holder = StateHolder()
-    registry = EndpointRegistry(ejection=EjectionPolicy(settings.eject_base_s, settings.eject_max_s))
     pool = UpstreamPool(settings)
     scheduler: Scheduler | None = None
     matcher: KvAwareMatcher | None = None
     balancer: Balancer
-    if settings.router_config_path:
-        # validated by the parent (cli.py); read once per worker, no reload (as Kthena)
-        router_cfg = load_router_configuration_file(settings.router_config_path)
+    # validated by the parent (cli.py); read once per worker, no reload (as Kthena)
+    router_cfg = load_router_configuration_file(settings.router_config_path) if settings.router_config_path else None
+    traffic = router_cfg.traffic if router_cfg is not None else DEFAULT_TRAFFIC
+    registry = EndpointRegistry(traffic=traffic)
+    registry.on_gone = metrics.prune_endpoints
+    registry.on_stalled = metrics.stalled_attempts
+    selector = EndpointSelector(traffic)
+    if router_cfg is not None:
         balancer = scheduler = Scheduler(router_cfg.scheduler, metrics, hot_spot_abs=settings.hot_spot_abs,
-                                         hot_spot_rel=settings.hot_spot_rel)
+                                         hot_spot_rel=settings.hot_spot_rel, selector=selector)
         kv_args = router_cfg.scheduler.args.get("kvcache-aware")
         if scheduler.kv_aware and isinstance(kv_args, KvCacheAwareArgs):
             matcher = KvAwareMatcher(kv_args, metrics)
             scheduler.set_kv_matcher(matcher)
     else:
-        balancer = RoundRobinBalancer()
+        balancer = RoundRobinBalancer(selector)
 
     def all_targets() -> list[Any]:
         state = holder.current
@@ -204,6 +210,12 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     prober = HealthProber(lambda: pool.session, all_targets, settings.health_probe_interval_s,
                           settings.health_probe_timeout_s)
     forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober)
+
+    def panic(key: tuple[str, str], endpoints: Any) -> None:
+        metrics.panic(f"{key[0]}/{key[1]}")
+        prober.probe_soon(endpoints)  # the ejected ones whose backoff passed: re-admit early
+
+    selector.on_panic = panic
     applier = ConfigApplier(settings, holder, registry, metrics)
 
     def health_changed(key: str, healthy: bool) -> None:

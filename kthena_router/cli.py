@@ -57,10 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hot-spot guard: absolute load excess (requests) before load beats affinity")
     p.add_argument("--hot-spot-rel", type=float, default=d.hot_spot_rel,
                    help="hot-spot guard: relative load excess (times) before load beats affinity")
-    p.add_argument("--eject-base-s", type=float, default=d.eject_base_s,
-                   help="first passive-ejection backoff of a failing endpoint (doubles, capped)")
-    p.add_argument("--eject-max-s", type=float, default=d.eject_max_s,
-                   help="longest passive-ejection backoff")
     return p
 
 
@@ -79,8 +75,6 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         health_probe_interval_s=args.health_probe_interval_s,
         default_first_byte_timeout_s=args.default_first_byte_timeout_s,
         route_seed=args.route_seed,
-        eject_base_s=args.eject_base_s,
-        eject_max_s=args.eject_max_s,
         router_config_path=args.router_config_path,
         scrape_interval_s=args.scrape_interval_s,
         hot_spot_abs=args.hot_spot_abs,

@@ -28,6 +28,7 @@ import orjson
 
 from kthena_router.endpoints.balancer import Balancer
 from kthena_router.endpoints.health import Failure, HealthProber
+from kthena_router.endpoints.outlier import Pending
 from kthena_router.endpoints.registry import EndpointState
 from kthena_router.errors import RequestError, send_error, sse_error_event
 from kthena_router.metrics import RouterMetrics
@@ -161,7 +162,7 @@ class _Request:
     __slots__ = ("fw", "scope", "t0", "path", "request_id", "fwd_headers", "header_map", "model_label",
                  "route_label", "server_label", "endpoint_label", "status", "error_type", "committed",
                  "response_headers", "watch", "att_t0", "att_ttft", "att_tpot",
-                 "att_prompt_tokens")
+                 "att_prompt_tokens", "att_pending")
 
     def __init__(self, fw: Forwarder, scope: Scope, t0: float) -> None:
         self.fw = fw
@@ -185,6 +186,7 @@ class _Request:
         self.att_ttft: float | None = None
         self.att_tpot: float | None = None
         self.att_prompt_tokens: int | None = None  # the engine's usage.prompt_tokens
+        self.att_pending: Pending | None = None  # the attempt in its endpoint's health tracking
 
     # --- entry ----------------------------------------------------------------------
 
@@ -310,7 +312,7 @@ class _Request:
         last: _Attempt | None = None
         idx = 0
         for attempt in range(attempts):
-            ep = _next_healthy(candidates, idx)
+            ep = _next_candidate(candidates, idx)
             if ep is None:
                 break
             idx = candidates.index(ep) + 1
@@ -323,7 +325,6 @@ class _Request:
             if last is None:
                 return
             fw.metrics.upstream_error(self.server_label, ep.key, last.failure.value)
-            ep.health.record_failure(last.failure)
         if last is None:
             raise RequestError(503, f"no healthy endpoint for model `{body.model}`")
         n = attempts if attempts > 1 else 1
@@ -335,6 +336,18 @@ class _Request:
     async def _attempt(self, send: Send, ep: EndpointState, head: bytes, tail: bytes, payload: bytes,
                        first_byte_s: float | None, body: Any, inject: bool,
                        info: RequestInfo | None) -> _Attempt | None:
+        """One upstream attempt, tracked by the endpoint's health (stall detection, outcome)."""
+        health = ep.health
+        pending = self.att_pending = health.begin()
+        try:
+            result = await self._try(send, ep, head, tail, payload, first_byte_s, body, inject, info)
+        finally:
+            health.abandon(pending)  # no-op once a relay recorded the outcome
+        return result
+
+    async def _try(self, send: Send, ep: EndpointState, head: bytes, tail: bytes, payload: bytes,
+                   first_byte_s: float | None, body: Any, inject: bool,
+                   info: RequestInfo | None) -> _Attempt | None:
         """One upstream attempt; None when the response went to the client."""
         fw = self.fw
         gauge = fw.metrics.upstream(self.route_label, self.server_label, ep.key)
@@ -353,18 +366,19 @@ class _Request:
                 conn.send(head + dest.host_line + tail, payload)
                 resp = await conn.read_head()
             except UpstreamTimeout:
-                return _Attempt(Failure.TIMEOUT, "no response")
+                return self._failed(ep, Failure.TIMEOUT, "no response")
             except UpstreamConnectError:
-                return _Attempt(Failure.CONNECT, "connection failed")
+                return self._failed(ep, Failure.CONNECT, "connection failed")
             except (UpstreamError, OSError) as exc:
-                return _Attempt(Failure.DIED, f"connection lost before the response ({type(exc).__name__})")
+                return self._failed(ep, Failure.DIED, f"connection lost before the response ({type(exc).__name__})")
+            ep.health.first_byte(self.att_pending)
             status = resp.status
             if status >= 500:
                 try:
                     await resp.read_all()
                 except (UpstreamError, OSError):
                     pass
-                return _Attempt(Failure.HTTP_5XX, f"upstream HTTP {status}")
+                return self._failed(ep, Failure.HTTP_5XX, f"upstream HTTP {status}")
             if status == 200 and body.stream and resp.content_type.startswith("text/event-stream"):
                 return await self._relay_stream(send, ep, resp, body, inject)
             return await self._relay_buffered(send, ep, resp, body)
@@ -380,6 +394,11 @@ class _Request:
             elif conn is not None:
                 conn.close()
 
+    def _failed(self, ep: EndpointState, failure: Failure, detail: str) -> _Attempt:
+        """A failed attempt before anything reached the client: counted, then retried."""
+        ep.health.finish(self.att_pending, failure)
+        return _Attempt(failure, detail)
+
     def _start_headers(self, resp: Response, body_len: int | None) -> list[tuple[bytes, bytes]]:
         out = [(k, v) for k, v in resp.raw_headers if k.lower() not in _DROP_RESPONSE]
         if body_len is not None:
@@ -394,7 +413,7 @@ class _Request:
             data = await resp.read_all()
         except (UpstreamError, OSError) as exc:
             kind = Failure.TIMEOUT if isinstance(exc, UpstreamTimeout) else Failure.DIED
-            return _Attempt(kind, "response body incomplete")
+            return self._failed(ep, kind, "response body incomplete")
         status = resp.status
         usage = None
         if status == 200:
@@ -403,11 +422,11 @@ class _Request:
             except orjson.JSONDecodeError:
                 ctype = resp.content_type
                 if ctype.startswith("application/json") or self.path in ("/v1/chat/completions", "/v1/completions"):
-                    return _Attempt(Failure.INVALID, "invalid JSON from upstream")
+                    return self._failed(ep, Failure.INVALID, "invalid JSON from upstream")
                 obj = None
             if type(obj) is dict:
                 usage = obj.get("usage")
-        ep.health.record_success()
+        ep.health.finish(self.att_pending)
         self.committed = True
         self.status = status
         if status >= 400:
@@ -436,14 +455,14 @@ class _Request:
             while not first:
                 chunk = await resp.read_some()
                 if not chunk:
-                    return _Attempt(Failure.DIED, "upstream closed the stream before the first event")
+                    return self._failed(ep, Failure.DIED, "upstream closed the stream before the first event")
                 first = relay.feed(chunk)
         except InvalidStream as exc:
-            return _Attempt(Failure.INVALID, f"invalid stream from upstream: {exc}")
+            return self._failed(ep, Failure.INVALID, f"invalid stream from upstream: {exc}")
         except UpstreamTimeout:
-            return _Attempt(Failure.TIMEOUT, "no first event")
+            return self._failed(ep, Failure.TIMEOUT, "no first event")
         except (UpstreamError, OSError):
-            return _Attempt(Failure.DIED, "upstream stream broke before the first event")
+            return self._failed(ep, Failure.DIED, "upstream stream broke before the first event")
         self.committed = True
         self.status = 200
         await send({"type": "http.response.start", "status": 200, "headers": self._start_headers(resp, None)})
@@ -486,14 +505,14 @@ class _Request:
         if failure is not None:
             # Bytes reached the client: no retry; end with an error event and no [DONE].
             metrics.upstream_error(self.server_label, ep.key, failure.value)
-            ep.health.record_failure(failure)
+            ep.health.finish(self.att_pending, failure)
             self.status, self.error_type = 502, "upstream_error_after_first_byte"
             self._last_send()
             await send({"type": "http.response.body", "more_body": False,
                         "body": sse_error_event("upstream failed during the stream "
                                                 f"({failure.value}); the response is incomplete")})
         else:
-            ep.health.record_success()
+            ep.health.finish(self.att_pending)
             if not ended:
                 self._last_send()
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -514,12 +533,14 @@ def _int(value: object) -> int | None:
     return value if type(value) is int else None
 
 
-def _next_healthy(candidates: list[EndpointState], start: int) -> EndpointState | None:
-    """The next candidate in cyclic order from `start` that is not ejected."""
+def _next_candidate(candidates: list[EndpointState], start: int) -> EndpointState | None:
+    """The next candidate in cyclic order from `start` that is still usable; if none is
+    (panic, or they all failed meanwhile), the next one anyway: a try beats a 503."""
     n = len(candidates)
+    now = time.monotonic()
     for i in range(n):
         ep = candidates[(start + i) % n]
-        if ep.health.healthy:
+        if ep.health.usable(now):
             return ep
-    return None
+    return candidates[start % n] if n else None
 

@@ -262,3 +262,34 @@ def test_hot_spot_guard_decisions_are_counted_per_server():
     assert m.registry.get_sample_value(name, {"model_server": "default/demo"}) == 1.0
     s.on_snapshot(snap(eps[1], running=0))
     assert m.registry.get_sample_value(name, {"model_server": "default/demo"}) == 1.0
+
+
+def test_prefix_affinity_does_not_pile_onto_a_stalled_endpoint():
+    """The endpoint holding the prefix stops getting it once its in-flight attempt makes no
+    progress for max(stallMinimum, stallFactor x TTFT), although it is not ejected."""
+    import time
+
+    s, _ = sched(cfg("prefix-cache", "least-request"))
+    eps = endpoints(3)
+    s.sync({KEY: eps})
+    for ep in eps:  # busy engines: one more request is a small relative difference
+        s.on_snapshot(snap(ep, running=10))
+    info = chat("r1", "q1")
+    owner = s.candidates(KEY, eps, info)[0]
+    s.dispatched(owner, info)
+    assert s.candidates(KEY, eps, chat("r2", "q2"))[0] is owner  # affinity
+    stall_min = owner.health.policy.stall_min_s
+    owner.health.begin(now=time.monotonic() - 2 * stall_min)  # r1's attempt: no byte for long
+    for i in range(20):
+        cands = s.candidates(KEY, eps, chat(f"r3-{i}", "q3"))
+        assert owner not in cands and len(cands) == 2
+    assert owner.health.healthy
+
+
+def test_panic_keeps_the_ranking_of_all_endpoints():
+    s, m = sched(cfg("least-request"))
+    eps = endpoints(3)
+    fresh(s, eps)
+    for ep in eps[:2]:
+        ep.health.eject(now=1e12)  # ejected for a long time: 1 of 3 usable, under 50%
+    assert sorted(e.key for e in s.candidates(KEY, eps, chat("r", "q"))) == sorted(e.key for e in eps)
