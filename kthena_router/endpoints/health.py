@@ -7,6 +7,9 @@ State machine per endpoint (per worker process):
   by a successful request (a flapping endpoint stays out longer), capped at
   maxEjectionTime. Failed probes of an ejected endpoint keep it out without growing the
   backoff: it returns one probe interval after it recovers.
+- on trial (just re-admitted): one attempt at a time until a first byte arrives (a
+  half-open circuit), so an engine that answers /health but never answers requests gets
+  one request per cycle, not a share of the traffic.
 Ejection (Envoy-style, traffic.outlierDetection): `consecutiveFailures` failed attempts in
 a row, or a failure share of at least `failureRatePercent` among the attempts of the last
 `interval` once there were `failureRateMinRequests` of them. Every failure kind counts
@@ -19,7 +22,8 @@ A failed active probe ejects at once (an engine that is down is found without tr
 
 Stalls: every attempt is tracked from sending until its outcome (begin / first_byte /
 finish or abandon); see endpoints/outlier.py. An attempt judged stalled counts as one
-failure right then, and its later outcome is not counted again. The first byte is the
+failure right then, and its later outcome is not counted again; an attempt the client
+gave up on after waiting past that threshold counts the same way. The first byte is the
 upstream's response head.
 """
 
@@ -35,7 +39,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from kthena_router.config.traffic import OutlierDetection
-from kthena_router.endpoints.outlier import FailureWindow, Pending, StallTracker
+from kthena_router.endpoints.outlier import WAITING, FailureWindow, Pending, StallTracker
 
 if TYPE_CHECKING:
     from kthena_router.endpoints.registry import EndpointState
@@ -56,7 +60,7 @@ class Failure(str, Enum):
 
 class EndpointHealth:
     __slots__ = ("healthy", "ejected_until", "ejections", "consecutive", "window", "stall", "on_change",
-                 "policy", "on_stalled")
+                 "policy", "on_stalled", "trial")
 
     def __init__(self, on_change: Callable[[bool], None] | None = None,
                  policy: OutlierDetection = DEFAULT_OUTLIER) -> None:
@@ -69,6 +73,7 @@ class EndpointHealth:
         self.stall = StallTracker()
         self.on_change = on_change
         self.on_stalled: Callable[[int], None] | None = None  # attempts newly judged stalled (metric)
+        self.trial = False  # re-admitted, no first byte since: one attempt at a time
 
     def set_policy(self, policy: OutlierDetection) -> None:
         if policy != self.policy:
@@ -124,6 +129,7 @@ class EndpointHealth:
         return self.stall.begin(time.monotonic() if now is None else now)
 
     def first_byte(self, p: Pending, now: float | None = None) -> None:
+        self.trial = False
         self.stall.first_byte(p, time.monotonic() if now is None else now)
 
     def finish(self, p: Pending, failure: Failure | None = None, now: float | None = None) -> None:
@@ -134,23 +140,34 @@ class EndpointHealth:
             else:
                 self.record_failure(failure, now)
 
-    def abandon(self, p: Pending) -> None:
-        """The attempt ended without an outcome of the endpoint's (client left, or already finished)."""
+    def abandon(self, p: Pending, now: float | None = None) -> None:
+        """The attempt ended without an outcome (the client left; no-op once finished).
+        Waiting past the stall threshold still counts as a stall."""
+        if p.state == WAITING:
+            now = time.monotonic() if now is None else now
+            od = self.policy
+            if now - p.start > self.stall.threshold(od.stall_factor, od.stall_min_s):
+                self.stall.end(p)
+                self._stalled(1, now)
+                return
         self.stall.end(p)
 
+    def _stalled(self, n: int, now: float) -> None:
+        if self.on_stalled is not None:
+            self.on_stalled(n)
+        for _ in range(n):
+            self.record_failure(Failure.STALLED, now)
+
     def usable(self, now: float) -> bool:
-        """A candidate: not ejected, and its in-flight attempts make progress. Judges
-        attempts that now count as stalled (each one failure, once)."""
+        """A candidate: not ejected, its in-flight attempts make progress, and not on trial
+        with an attempt out. Judges attempts that now count as stalled (each once)."""
         stall = self.stall
         if stall.waiting:
             od = self.policy
             n = stall.judge(now, od.stall_factor, od.stall_min_s)
             if n:
-                if self.on_stalled is not None:
-                    self.on_stalled(n)
-                for _ in range(n):
-                    self.record_failure(Failure.STALLED, now)
-        return self.healthy and stall.progressing()
+                self._stalled(n, now)
+        return self.healthy and stall.progressing() and not (self.trial and stall.waiting)
 
     # --- active probe ---------------------------------------------------------------------
 
@@ -158,6 +175,7 @@ class EndpointHealth:
         now = time.monotonic() if now is None else now
         if ok:
             if not self.healthy and now >= self.ejected_until:
+                self.trial = True
                 self._set(True)
         elif self.healthy:
             self.eject(now)

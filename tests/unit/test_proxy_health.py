@@ -189,3 +189,28 @@ def test_finish_is_idempotent_and_success_counts() -> None:
     eh.finish(p, Failure.DIED, now=0.3)  # already finished: ignored
     eh.abandon(p)
     assert eh.consecutive == 0 and not eh.stall.waiting and not eh.stall.stalled
+
+
+def test_an_abandoned_attempt_that_waited_too_long_counts_as_a_stall() -> None:
+    eh = _health(stall_min_s=2.0)
+    judged: list[int] = []
+    eh.on_stalled = judged.append
+    quick = eh.begin(now=0.0)
+    eh.abandon(quick, now=1.0)  # the client left early: no outcome
+    assert eh.consecutive == 0
+    slow = eh.begin(now=10.0)
+    eh.abandon(slow, now=15.0)  # the client gave up after 5 s without a byte
+    assert eh.consecutive == 1 and judged == [1]
+
+
+def test_readmitted_endpoint_gets_one_attempt_until_its_first_byte() -> None:
+    eh = _health(consecutive_failures=1)
+    eh.record_failure(Failure.TIMEOUT, now=0.0)
+    eh.probe_result(True, now=BASE)
+    assert eh.healthy and eh.usable(BASE)
+    trial = eh.begin(now=BASE)
+    assert not eh.usable(BASE + 0.1)  # one attempt out, no byte yet
+    eh.first_byte(trial, now=BASE + 0.2)
+    assert eh.usable(BASE + 0.2)
+    eh.begin(now=BASE + 0.3)
+    assert eh.usable(BASE + 0.4)  # off trial: any number in flight
