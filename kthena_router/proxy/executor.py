@@ -1,0 +1,155 @@
+"""Attempt/retry executor: candidates, one upstream attempt after another, health feedback.
+
+Retry rule: an attempt may fail and move to the next candidate only while nothing has
+been sent to the client (`Exchange.committed`). Connect errors, timeouts before the
+response head and 5xx answers are decided here; everything after the head is the
+relay's (relay.py), chosen by the response: an event stream for a streamed request goes
+to the SSE relay, anything else to the buffered JSON relay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from kthena_router.endpoints.balancer import Balancer
+from kthena_router.endpoints.health import Failure, HealthProber
+from kthena_router.endpoints.outlier import Pending
+from kthena_router.endpoints.registry import EndpointState
+from kthena_router.errors import RequestError
+from kthena_router.metrics import RouterMetrics
+from kthena_router.proxy.relay import AttemptFailure, Exchange, Relay
+from kthena_router.proxy.relay_json import JsonRelay
+from kthena_router.proxy.relay_sse import SseStreamRelay
+from kthena_router.proxy.upstream import H1Conn, Response, UpstreamConnectError, UpstreamError, \
+    UpstreamPool, UpstreamTimeout
+from kthena_router.routing.table import RouteMatch
+from kthena_router.scheduling.request import RequestInfo
+from kthena_router.settings import RouterSettings
+
+
+class Executor:
+    """Per worker: runs the attempts of one request against a route match's endpoints."""
+
+    def __init__(self, settings: RouterSettings, pool: UpstreamPool, balancer: Balancer,
+                 metrics: RouterMetrics, prober: HealthProber, *, stream_relay: Relay | None = None,
+                 buffered_relay: Relay | None = None) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.balancer = balancer
+        self.metrics = metrics
+        self.prober = prober
+        self.stream_relay: Relay = stream_relay or SseStreamRelay()
+        self.buffered_relay: Relay = buffered_relay or JsonRelay()
+
+    async def run(self, x: Exchange, match: RouteMatch, targets: tuple[EndpointState, ...],
+                  info: RequestInfo | None, head: bytes, tail: bytes, payload: bytes) -> None:
+        """Deliver a response to the client, or raise RequestError (nothing sent yet).
+
+        `head` is the request line, `tail` the headers after Host (CRLF-terminated, with
+        the final empty line), `payload` the body."""
+        server = match.server
+        balancer = self.balancer
+        if info is not None:
+            await balancer.prepare(info)
+        candidates = balancer.candidates(server.key, targets, info)
+        if not candidates:
+            self.prober.probe_soon(targets)
+            raise RequestError(503, f"no healthy endpoint for model `{x.model_label}`")
+        if server.retry_attempts is not None:  # explicit policy, 0 = no retry
+            attempts = 1 + server.retry_attempts
+        else:  # no retry policy: each candidate at most once, up to the default count
+            attempts = min(self.settings.default_retry_endpoints, len(candidates))
+        first_byte_s = server.timeout_s if server.timeout_s is not None \
+            else self.settings.default_first_byte_timeout_s
+        last: AttemptFailure | None = None
+        idx = 0
+        for attempt in range(attempts):
+            ep = _next_candidate(candidates, idx)
+            if ep is None:
+                break
+            idx = candidates.index(ep) + 1
+            if attempt:
+                self.metrics.retry(x.server_label)
+                if server.retry_interval_s > 0:
+                    await asyncio.sleep(server.retry_interval_s)
+            x.endpoint_label = ep.key
+            pending = ep.health.begin()  # stall tracking until the outcome is known
+            try:
+                last = await self._attempt(x, ep, head, tail, payload, first_byte_s, info, pending)
+            except BaseException:
+                ep.health.abandon(pending)
+                raise
+            ep.health.finish(pending, None if last is None else last.failure)
+            if last is None:
+                return
+            self.metrics.upstream_error(x.server_label, ep.key, last.failure.value)
+            if x.committed:  # the relay has ended the response
+                return
+        if last is None:
+            raise RequestError(503, f"no healthy endpoint for model `{x.model_label}`")
+        n = attempts if attempts > 1 else 1
+        if last.failure is Failure.TIMEOUT:
+            raise RequestError(504, f"upstream timed out before the first byte ({last.detail}; {n} attempt(s))",
+                               code=504)
+        raise RequestError(502, f"upstream request failed ({last.detail}; {n} attempt(s))", code=502)
+
+    async def _attempt(self, x: Exchange, ep: EndpointState, head: bytes, tail: bytes, payload: bytes,
+                       first_byte_s: float | None, info: Any, pending: Pending) -> AttemptFailure | None:
+        """One upstream attempt; None when a complete response went to the client."""
+        balancer = self.balancer
+        gauge = self.metrics.upstream(x.route_label, x.server_label, ep.key)
+        gauge.inc()
+        conn: H1Conn | None = None
+        resp: Response | None = None
+        x.begin_attempt(time.perf_counter())
+        balancer.dispatched(ep, info)
+        try:
+            pool = self.pool.h1
+            dest = pool.dest(ep.ip, ep.port, ep.ssl, ep.server_hostname, ep.host)
+            try:
+                conn = await pool.acquire(dest)
+                conn.timeout_s = first_byte_s
+                conn.send(head + dest.host_line + tail, payload)
+                resp = await conn.read_head()
+            except UpstreamTimeout:
+                return AttemptFailure(Failure.TIMEOUT, "no response")
+            except UpstreamConnectError:
+                return AttemptFailure(Failure.CONNECT, "connection failed")
+            except (UpstreamError, OSError) as exc:
+                return AttemptFailure(Failure.DIED, f"connection lost before the response ({type(exc).__name__})")
+            ep.health.first_byte(pending)
+            status = resp.status
+            if status >= 500:
+                try:
+                    await resp.read_all()
+                except (UpstreamError, OSError):
+                    pass
+                return AttemptFailure(Failure.HTTP_5XX, f"upstream HTTP {status}")
+            if status == 200 and x.stream and resp.content_type.startswith("text/event-stream"):
+                return await self.stream_relay.relay(x, resp)
+            return await self.buffered_relay.relay(x, resp)
+        finally:
+            gauge.dec()
+            balancer.finished(ep, x.att_ttft, x.att_tpot)
+            if info is not None and x.att_prompt_tokens:
+                balancer.observe_prompt_tokens(info, x.att_prompt_tokens)
+            # A fully read response has already gone back to the pool (close is a no-op
+            # then); otherwise this drops the connection and the engine aborts.
+            if resp is not None:
+                resp.close()
+            elif conn is not None:
+                conn.close()
+
+
+def _next_candidate(candidates: list[EndpointState], start: int) -> EndpointState | None:
+    """The next candidate in cyclic order from `start` that is still usable; if none is
+    (panic, or they all failed meanwhile), the next one anyway: a try beats a 503."""
+    n = len(candidates)
+    now = time.monotonic()
+    for i in range(n):
+        ep = candidates[(start + i) % n]
+        if ep.health.usable(now):
+            return ep
+    return candidates[start % n] if n else None
