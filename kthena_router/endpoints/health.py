@@ -7,9 +7,10 @@ State machine per endpoint (per worker process):
   by a successful request (a flapping endpoint stays out longer), capped at
   maxEjectionTime. Failed probes of an ejected endpoint keep it out without growing the
   backoff: it returns one probe interval after it recovers.
-- on trial (just re-admitted): one attempt at a time until a first byte arrives (a
-  half-open circuit), so an engine that answers /health but never answers requests gets
-  one request per cycle, not a share of the traffic.
+- on trial (just re-admitted, or an attempt of it was judged stalled): one attempt at a
+  time until a first byte arrives (a half-open circuit), so an engine that answers
+  /health but never answers requests gets one request at a time, not a share of the
+  traffic, until consecutive failures eject it.
 Ejection (Envoy-style, traffic.outlierDetection): `consecutiveFailures` failed attempts in
 a row, or a failure share of at least `failureRatePercent` among the attempts of the last
 `interval` once there were `failureRateMinRequests` of them. Every failure kind counts
@@ -153,6 +154,7 @@ class EndpointHealth:
         self.stall.end(p)
 
     def _stalled(self, n: int, now: float) -> None:
+        self.trial = True
         if self.on_stalled is not None:
             self.on_stalled(n)
         for _ in range(n):

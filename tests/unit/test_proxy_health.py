@@ -214,3 +214,13 @@ def test_readmitted_endpoint_gets_one_attempt_until_its_first_byte() -> None:
     assert eh.usable(BASE + 0.2)
     eh.begin(now=BASE + 0.3)
     assert eh.usable(BASE + 0.4)  # off trial: any number in flight
+
+
+def test_a_stall_puts_the_endpoint_on_trial() -> None:
+    eh = _health(stall_min_s=2.0, consecutive_failures=100)
+    eh.abandon(eh.begin(now=0.0), now=5.0)  # gave up on after 5 s without a byte
+    assert eh.trial and eh.usable(5.0)  # nothing in flight: one attempt may go
+    probe = eh.begin(now=5.0)
+    assert not eh.usable(5.1)
+    eh.first_byte(probe, now=5.2)
+    assert not eh.trial and eh.usable(5.2)
