@@ -7,8 +7,8 @@ State machine per endpoint (per worker process):
   by a successful request (a flapping endpoint stays out longer), capped at
   maxEjectionTime. Failed probes of an ejected endpoint keep it out without growing the
   backoff: it returns one probe interval after it recovers.
-- on trial (just re-admitted, or an attempt of it was judged stalled): one attempt at a
-  time until a first byte arrives (a half-open circuit), so an engine that answers
+- on trial (just re-admitted, or an attempt of it was judged stalled with no first byte
+  since it was sent): one attempt at a time until a first byte arrives (a half-open circuit), so an engine that answers
   /health but never answers requests gets one request at a time, not a share of the
   traffic, until consecutive failures eject it.
 Ejection (Envoy-style, traffic.outlierDetection): `consecutiveFailures` failed attempts in
@@ -149,12 +149,13 @@ class EndpointHealth:
             od = self.policy
             if now - p.start > self.stall.threshold(od.stall_factor, od.stall_min_s):
                 self.stall.end(p)
-                self._stalled(1, now)
+                self._stalled(1, now, p.start > self.stall.last_progress)
                 return
         self.stall.end(p)
 
-    def _stalled(self, n: int, now: float) -> None:
-        self.trial = True
+    def _stalled(self, n: int, now: float, no_progress: bool) -> None:
+        if no_progress:  # a slow attempt on an engine that answers others is not a reason
+            self.trial = True
         if self.on_stalled is not None:
             self.on_stalled(n)
         for _ in range(n):
@@ -168,7 +169,10 @@ class EndpointHealth:
             od = self.policy
             n = stall.judge(now, od.stall_factor, od.stall_min_s)
             if n:
-                self._stalled(n, now)
+                progressing = stall.progressing()
+                self._stalled(n, now, not progressing)
+                if not progressing:
+                    return False
         return self.healthy and stall.progressing() and not (self.trial and stall.waiting)
 
     # --- active probe ---------------------------------------------------------------------

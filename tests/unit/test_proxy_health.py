@@ -224,3 +224,14 @@ def test_a_stall_puts_the_endpoint_on_trial() -> None:
     assert not eh.usable(5.1)
     eh.first_byte(probe, now=5.2)
     assert not eh.trial and eh.usable(5.2)
+
+
+def test_a_slow_attempt_on_a_progressing_engine_does_not_put_it_on_trial() -> None:
+    eh = _health(stall_min_s=2.0, consecutive_failures=100)
+    slow = eh.begin(now=0.0)
+    quick = eh.begin(now=1.0)
+    eh.first_byte(quick, now=1.1)
+    assert eh.usable(3.0)  # slow is judged (one failure) but the engine answered since
+    assert eh.consecutive == 1 and not eh.trial
+    eh.abandon(slow, now=6.0)
+    assert eh.consecutive == 1 and not eh.trial

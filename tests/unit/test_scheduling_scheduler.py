@@ -56,15 +56,22 @@ def fresh(s: Scheduler, eps: tuple[EndpointState, ...]) -> None:
         s.on_snapshot(snap(ep))
 
 
-def test_ownership_is_recorded_at_dispatch_not_at_completion():
-    s, m = sched(cfg("prefix-cache", "least-request"))
+def owned_prefix(s: Scheduler) -> tuple[tuple[EndpointState, ...], EndpointState]:
+    """Three busy engines (one more request is a small relative difference); request r1 was
+    dispatched to the first choice, which now holds the shared system prompt."""
     eps = endpoints(3)
     s.sync({KEY: eps})
-    for ep in eps:  # busy engines: one more request is a small relative difference
+    for ep in eps:
         s.on_snapshot(snap(ep, running=10))
     info = chat("r1", "q1")
     first = s.candidates(KEY, eps, info)[0]
-    s.dispatched(first, info)  # r1 still running: a request sharing its system prompt follows
+    s.dispatched(first, info)
+    return eps, first
+
+
+def test_ownership_is_recorded_at_dispatch_not_at_completion():
+    s, m = sched(cfg("prefix-cache", "least-request"))
+    eps, first = owned_prefix(s)  # r1 still running: a request sharing its system prompt follows
     for i in range(10):
         assert s.candidates(KEY, eps, chat(f"r2-{i}", "another question"))[0] is first
     ratios = [x for x in m.prefix_match_ratio.collect()[0].samples if x.name.endswith("_sum")]
@@ -270,13 +277,7 @@ def test_prefix_affinity_does_not_pile_onto_a_stalled_endpoint():
     import time
 
     s, _ = sched(cfg("prefix-cache", "least-request"))
-    eps = endpoints(3)
-    s.sync({KEY: eps})
-    for ep in eps:  # busy engines: one more request is a small relative difference
-        s.on_snapshot(snap(ep, running=10))
-    info = chat("r1", "q1")
-    owner = s.candidates(KEY, eps, info)[0]
-    s.dispatched(owner, info)
+    eps, owner = owned_prefix(s)
     assert s.candidates(KEY, eps, chat("r2", "q2"))[0] is owner  # affinity
     stall_min = owner.health.policy.stall_min_s
     owner.health.begin(now=time.monotonic() - 2 * stall_min)  # r1's attempt: no byte for long
