@@ -4,9 +4,9 @@ GET /healthz            200 while the parent lives
 GET /readyz             200 when every worker runs a loaded config and we are not draining;
                         503 {"ready": false, "reason": ...} otherwise
 GET /metrics            Prometheus text aggregated over all workers (multiprocess mode)
-POST /admin/reload      validate the config file; invalid -> 400 naming file/document/field
-                        (old config stays); valid -> trigger every worker's reload and wait
-                        until each reports the new digest
+POST /admin/reload      validate the config file and the router configuration (--router-config);
+                        invalid -> 400 naming file/document/field (old ones stay); valid ->
+                        trigger every worker's reload and wait until each reports both digests
 GET /debug/config_dump  routes, servers, endpoints of the applied config (no secrets)
 
 It runs on its own asyncio loop in a thread of the parent, so it stays responsive while
@@ -37,6 +37,7 @@ from kthena_router import worker_status
 from kthena_router.config.errors import ConfigError
 from kthena_router.config.loader import load_config_file
 from kthena_router.config.model import RouterConfig
+from kthena_router.scheduling.check import validate_router_configuration
 from kthena_router.settings import RouterSettings
 
 log = logging.getLogger(__name__)
@@ -239,24 +240,38 @@ class AdminServer:
                 body = {"error": {"message": f"{path}: {exc.strerror or exc}", "type": "invalid_config",
                                   "file": path, "document": "", "field": ""}}
                 return _json(body, status=400)
+            router_digest = ""
+            if self.settings.router_config_path:
+                try:
+                    rc = await loop.run_in_executor(None, validate_router_configuration,
+                                                    self.settings.router_config_path)
+                except ConfigError as exc:
+                    ADMIN_RELOADS.labels(result="failure", trigger="admin").inc()
+                    log.error("router configuration reload rejected, keeping the previous one:\n%s", exc)
+                    return _json(config_error_body(exc), status=400)
+                router_digest = rc.digest
             self._config = cfg
             await loop.run_in_executor(None, _touch_trigger, self.settings.reload_trigger_path, cfg.digest)
-            applied, pending = await self._wait_applied(cfg.digest, wait_s)
+            applied, pending = await self._wait_applied(cfg.digest, router_digest, wait_s)
             ok = not pending
             ADMIN_RELOADS.labels(result="success" if ok else "timeout", trigger="admin").inc()
-            body = {"digest": cfg.digest, "applied": ok, "workers": applied, "pending": pending}
+            body = {"digest": cfg.digest, "router_config_digest": router_digest, "applied": ok,
+                    "workers": applied, "pending": pending}
             if not ok:
                 log.warning("config %s validated but workers %s did not apply it within %.1fs",
                             cfg.digest[:12], pending, wait_s)
             return _json(body, status=200 if ok else 504)
 
-    async def _wait_applied(self, digest: str, wait_s: float) -> tuple[list[int], list[dict[str, Any]]]:
+    async def _wait_applied(self, digest: str, router_digest: str,
+                            wait_s: float) -> tuple[list[int], list[dict[str, Any]]]:
         deadline = time.monotonic() + wait_s
         while True:
             pids, by_pid = self._statuses()
-            applied = [p for p in pids if p in by_pid and by_pid[p].digest == digest]
+            applied = [p for p in pids if p in by_pid and by_pid[p].digest == digest
+                       and by_pid[p].router_digest == router_digest]
             pending = [
                 {"pid": p, "digest": by_pid[p].digest if p in by_pid else "",
+                 "router_config_digest": by_pid[p].router_digest if p in by_pid else "",
                  "last_error": by_pid[p].last_error if p in by_pid else None}
                 for p in pids if p not in applied
             ]

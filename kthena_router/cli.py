@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--route-seed", type=int, default=None,
                    help="seed of the weighted (canary) target draw, for reproducible splits")
     p.add_argument("--router-config", dest="router_config_path", default="", metavar="FILE",
-                   help="Kthena routerConfiguration YAML (scheduler plugins; read at start). "
+                   help="Kthena routerConfiguration YAML (scheduler plugins; reloaded like --config). "
                         "Without it: round-robin among healthy endpoints")
     p.add_argument("--scrape-interval-s", type=float, default=d.scrape_interval_s,
                    help="engine /metrics + /v1/models scrape period (with --router-config)")
@@ -86,23 +86,13 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
 
 def _check_router_config(path: str) -> int:
     """Load the routerConfiguration and build its scorer once, as the workers will."""
-    from kthena_router._core import Scorer
     from kthena_router.config.errors import ConfigError
-    from kthena_router.scheduling.config import load_router_configuration_file
+    from kthena_router.scheduling.check import validate_router_configuration
 
     try:
-        rc = load_router_configuration_file(path)
-        sc = rc.scheduler
-        Scorer(list(sc.filters), [(s.name, float(s.weight)) for s in sc.scores], sc.scorer_args())
+        rc = validate_router_configuration(path)
     except ConfigError as exc:
         print(f"kthena-router: invalid router configuration:\n{exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except ValueError as exc:
-        print(f"kthena-router: invalid router configuration {path}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except OSError as exc:
-        print(f"kthena-router: cannot read router configuration {path}: {exc.strerror or exc}",
-              file=sys.stderr)
         return EXIT_USAGE
     for warning in rc.warnings:
         logging.getLogger("kthena_router.scheduling").warning("%s", warning)

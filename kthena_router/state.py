@@ -39,13 +39,24 @@ def build_state(cfg: RouterConfig, table: RouteTable,
 
 
 class StateHolder:
-    """Single reference swapped by assignment (atomic for readers on the event loop)."""
+    """The current state and its generation, bumped by every install.
 
-    __slots__ = ("current",)
+    Installs are compare-and-swap: a writer names the generation its new state was based
+    on, and installs nothing if another install happened meanwhile (e.g. a DNS refresh that
+    awaited resolution while a reload installed a newer config). Readers on the event loop
+    see one reference, swapped by assignment.
+    """
+
+    __slots__ = ("current", "generation")
 
     def __init__(self) -> None:
         self.current: RouterState | None = None
+        self.generation = 0
 
-    def swap(self, state: RouterState) -> RouterState | None:
-        previous, self.current = self.current, state
-        return previous
+    def install(self, state: RouterState, based_on: int) -> bool:
+        """Install ``state`` if ``based_on`` is still the current generation."""
+        if based_on != self.generation:
+            return False
+        self.current = state
+        self.generation += 1
+        return True

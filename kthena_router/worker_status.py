@@ -27,6 +27,8 @@ class WorkerStatus(msgspec.Struct, kw_only=True):
     pid: int
     digest: str
     """Digest of the config the worker serves now ("" if none loaded yet)."""
+    router_digest: str = ""
+    """Digest of the router configuration (--router-config) in use ("" without one)."""
     applied_at: float
     """Unix time of the last successful apply."""
     started_at: float = 0.0
@@ -54,6 +56,7 @@ def _read_one(path: Path) -> WorkerStatus | None:
 
 
 _started_at = 0.0  # set on the first report of this process
+_router_digest = ""  # router configuration in use, carried into every report
 
 
 def report_applied(settings: "RouterSettings", digest: str) -> None:
@@ -65,8 +68,23 @@ def report_applied(settings: "RouterSettings", digest: str) -> None:
     _started_at = _started_at or now
     _write(
         settings.runtime_dir,
-        WorkerStatus(pid=os.getpid(), digest=digest, applied_at=now, started_at=_started_at, updated_at=now),
+        WorkerStatus(pid=os.getpid(), digest=digest, router_digest=_router_digest, applied_at=now,
+                     started_at=_started_at, updated_at=now),
     )
+
+
+def report_router_config_applied(settings: "RouterSettings", digest: str) -> None:
+    """Worker side: the router configuration with `digest` is now in use."""
+    global _router_digest
+    _router_digest = digest
+    if not settings.runtime_dir:
+        return
+    previous = _read_one(_path(settings.runtime_dir, os.getpid()))
+    if previous is None:
+        return  # the first report_applied carries it
+    now = time.time()
+    _write(settings.runtime_dir,
+           msgspec.structs.replace(previous, router_digest=digest, last_error=None, updated_at=now))
 
 
 def report_failed(settings: "RouterSettings", error: str) -> None:
@@ -75,7 +93,7 @@ def report_failed(settings: "RouterSettings", error: str) -> None:
         return
     previous = _read_one(_path(settings.runtime_dir, os.getpid()))
     now = time.time()
-    status = previous or WorkerStatus(pid=os.getpid(), digest="", applied_at=0.0)
+    status = previous or WorkerStatus(pid=os.getpid(), digest="", router_digest=_router_digest, applied_at=0.0)
     _write(settings.runtime_dir, msgspec.structs.replace(status, last_error=error, updated_at=now))
 
 

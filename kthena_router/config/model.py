@@ -74,10 +74,10 @@ class ModelRoute:
     model_name: str | None
     lora_adapters: tuple[str, ...]
     rules: tuple[RouteRule, ...]
-    rate_limit: RateLimit | None
+    rate_limit: RateLimit | None  # None until enforced: the loader refuses spec.rateLimit
     creation_timestamp: datetime | None
     order: int  # position among all objects of the source, for conflict resolution
-    parent_refs: tuple[dict[str, Any], ...] = ()  # kept, not used yet (no Gateways in file mode)
+    parent_refs: tuple[dict[str, Any], ...] = ()  # no effect: file mode has one listener for every route
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +110,7 @@ class ModelServer:
     model: str | None
     inference_engine: str  # "vLLM" | "SGLang"
     match_labels: dict[str, str]
-    pd_group: PDGroup | None
+    pd_group: PDGroup | None  # None until implemented: the loader refuses pdGroup
     port: int
     protocol: str  # "http" | "https"
     timeout_s: float | None  # None = no first-byte timeout
@@ -119,7 +119,7 @@ class ModelServer:
     # From annotations; repr=False keeps bearer tokens out of logs and tracebacks.
     upstream_headers: dict[str, str] = field(default_factory=dict, repr=False)
     tls_insecure_skip_verify: bool = False
-    kv_connector: str | None = None  # http|lmcache|nixl|mooncake when spec.kvConnector is set
+    kv_connector: str | None = None  # None until implemented: the loader refuses spec.kvConnector
     creation_timestamp: datetime | None = None
 
     @property

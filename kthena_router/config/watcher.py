@@ -7,6 +7,9 @@ events are lost, e.g. on network file systems) re-reads the file through its pat
 and compares the sha256 of its content with the last one seen; only a new digest
 reloads. A change of the trigger file forces a reload even with the same digest
 (the admin endpoint writes a new value into it).
+
+The loader is a parameter: the route config (default) and the router configuration
+(--router-config) are watched alike.
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import watchfiles
 
 from .errors import ConfigError, ConfigProblem
 from .loader import load_config_bytes
-from .model import RouterConfig
+
+# (content, source path, base dir) -> a validated config with .digest and .warnings
+Loader = Callable[[bytes, str, Path], Any]
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +37,23 @@ class ConfigWatcher:
     def __init__(
         self,
         path: str | os.PathLike[str],
-        on_config: Callable[[RouterConfig], None],
+        on_config: Callable[[Any], None],
         on_error: Callable[[ConfigError], None],
         trigger_path: str | os.PathLike[str] | None = None,
         *,
         initial_digest: str | None = None,
+        loader: Loader = load_config_bytes,
         debounce_ms: int = 100,
         poll_interval_s: float = 2.0,
     ):
-        """``initial_digest``: digest of the config already in use (RouterConfig.digest);
+        """``initial_digest``: digest of the config already in use (its ``digest``);
         if the file differs when run() starts, it reloads at once. Without it, the
         content at start is taken as current."""
         self.path = Path(os.path.abspath(path))
         self.trigger_path = Path(os.path.abspath(trigger_path)) if trigger_path is not None else None
         self.on_config = on_config
         self.on_error = on_error
+        self.loader = loader
         self.debounce_ms = debounce_ms
         self.poll_interval_s = poll_interval_s
         self._digest = initial_digest
@@ -156,7 +164,7 @@ class ConfigWatcher:
         # A bad file is remembered too, so it is reported once, not at every poll.
         self._digest = digest
         try:
-            cfg = await asyncio.to_thread(load_config_bytes, data, str(self.path), self.path.parent)
+            cfg = await asyncio.to_thread(self.loader, data, str(self.path), self.path.parent)
         except ConfigError as e:
             self._report(e)
             return

@@ -74,8 +74,9 @@ class EndpointRegistry:
     """Builds the per-server target lists; owns the per-key health objects (per worker)."""
 
     def __init__(self, on_health_change: Callable[[str, bool], None] | None = None,
-                 traffic: TrafficSettings = DEFAULT_TRAFFIC) -> None:
-        self._traffic = traffic
+                 traffic: TrafficSettings | Callable[[], TrafficSettings] = DEFAULT_TRAFFIC) -> None:
+        # the installed settings (a callable follows router-configuration reloads)
+        self._traffic = traffic if callable(traffic) else (lambda: traffic)
         self._health: dict[str, EndpointHealth] = {}
         self.on_gone: Callable[[set[str]], None] | None = None  # keys that left the config
         self.on_stalled: Callable[[str, int], None] | None = None  # (key, attempts judged stalled)
@@ -129,11 +130,12 @@ class EndpointRegistry:
         out: dict[ServerKey, tuple[EndpointState, ...]] = {}
         live: set[str] = set()
         policies: dict[str, OutlierDetection] = {}  # endpoint key -> its (first) server's settings
+        traffic = self._traffic()
         for key, server in sorted(cfg.servers.items()):
             scheme = "https" if server.protocol == "https" else "http"
             ssl_ctx = _ssl_for(server, self._insecure)
             label = f"{server.namespace}/{server.name}"
-            policy = self._traffic.for_server(server.namespace, server.name, None).outlier
+            policy = traffic.for_server(server.namespace, server.name, None).outlier
             targets: list[EndpointState] = []
             seen: set[str] = set()
             for ep in cfg.endpoints_of(server):
@@ -155,6 +157,17 @@ class EndpointRegistry:
         if gone and self.on_gone is not None:
             self.on_gone(gone)
         return out
+
+    def apply_policies(self, targets: Mapping[ServerKey, Iterable[EndpointState]]) -> None:
+        """Re-read the outlier settings (after a router-configuration reload), as build does."""
+        traffic = self._traffic()
+        done: set[str] = set()
+        for (ns, name), eps in sorted(targets.items()):
+            policy = traffic.for_server(ns, name, None).outlier
+            for ep in eps:
+                if ep.key not in done:
+                    done.add(ep.key)
+                    ep.health.set_policy(policy)
 
     def has_names(self, cfg: RouterConfig) -> bool:
         return any(not _is_ip(ep.address) for eps in cfg.endpoint_sets for ep in eps.endpoints)

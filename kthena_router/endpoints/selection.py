@@ -31,13 +31,18 @@ T = TypeVar("T", bound=HasHealth)
 class EndpointSelector:
     """Shared by the round-robin balancer and the scheduler (per worker)."""
 
-    def __init__(self, traffic: TrafficSettings = DEFAULT_TRAFFIC,
+    def __init__(self, traffic: TrafficSettings | Callable[[], TrafficSettings] = DEFAULT_TRAFFIC,
                  on_panic: Callable[[Any, Sequence[Any]], None] | None = None) -> None:
-        self.traffic = traffic
+        # the installed settings (a callable follows router-configuration reloads)
+        self._source = traffic if callable(traffic) else (lambda: traffic)
+        self.traffic = self._source()
         self.on_panic = on_panic  # (server key, endpoints): metric, on-demand probes
         self._thresholds: dict[Hashable, float] = {}
 
     def threshold(self, key: Hashable) -> float:
+        traffic = self._source()
+        if traffic is not self.traffic:  # reloaded: thresholds are looked up afresh
+            self.traffic, self._thresholds = traffic, {}
         pct = self._thresholds.get(key)
         if pct is None:
             ns, name = key if isinstance(key, tuple) and len(key) == 2 else ("", str(key))

@@ -12,6 +12,8 @@ broken pipeline; we name the file, document and field instead):
   * unknown plugin names, a non-filter plugin under ``Filter``, duplicate entries, negative
     weights and wrongly typed arguments are errors;
   * ``session-affinity`` and ``cost-aware`` are refused when enabled (not implemented yet);
+  * a configured ``auth`` (issuer, audiences, jwksUri) is refused (JWT is not enforced yet;
+    an empty placeholder loads), and ``sessionSticky`` only with ``backend: memory``;
   * a Score entry without ``weight`` gets weight 1 (Kthena: 0, i.e. the plugin does nothing);
   * non-positive integer arguments fall back to the default with a warning (as Kthena, which
     is silent); unknown argument keys and unknown top-level keys are warnings (Kthena ignores
@@ -34,7 +36,8 @@ import yaml
 from ..config.errors import ConfigError, ConfigProblem
 from ..config.traffic import DEFAULT_TRAFFIC, TrafficSettings, parse_traffic
 # Same YAML and value rules as the route config (helpers take any collector with .err()).
-from ..config.loader import _list, _StrictLoader, _type_name, _yaml_problem, decode_config_text
+from ..config.checks import check_list as _list, type_name as _type_name
+from ..config.yaml_source import StrictLoader as _StrictLoader, decode_config_text, yaml_problem as _yaml_problem
 
 __all__ = [
     "AuthConfig", "EmptyArgs", "KvCacheAwareArgs", "LeastLatencyArgs", "LeastRequestArgs",
@@ -145,7 +148,8 @@ class SchedulerSettings:
 
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
-    """Kthena's ``auth`` (JWT): parsed and kept, not enforced yet."""
+    """Kthena's ``auth`` (JWT). Not enforced yet, so only an empty placeholder loads: a
+    configured issuer, audience or JWKS URI is refused at load (the router would run open)."""
 
     issuer: str = ""
     audiences: tuple[str, ...] = ()
@@ -156,7 +160,9 @@ class AuthConfig:
 class RouterConfiguration:
     scheduler: SchedulerSettings
     auth: AuthConfig | None
-    session_sticky: Mapping[str, Any] | None  # Kthena's sessionSticky, kept verbatim, unused
+    # Kthena's sessionSticky: only selects the store of route-level session affinity
+    # (refused in ModelRoute), so the in-memory store is accepted and nothing else.
+    session_sticky: Mapping[str, Any] | None
     source: str
     digest: str  # sha256 hex of the file bytes
     warnings: tuple[str, ...]
@@ -435,15 +441,33 @@ def _auth(c: _Ctx, v: Any) -> AuthConfig | None:
             auds.append(a)
         else:
             c.err(f"auth.audiences[{i}]", f"must be a string, got {_type_name(a)} {a!r}")
-    return AuthConfig(vals["issuer"], tuple(auds), vals["jwksUri"])
+    auth = AuthConfig(vals["issuer"], tuple(a for a in auds if a), vals["jwksUri"])
+    configured = [k for k, x in (("issuer", auth.issuer), ("audiences", auth.audiences),
+                                 ("jwksUri", auth.jwks_uri)) if x]
+    if configured:
+        c.err(f"auth.{configured[0]}", "JWT authentication (auth) is not supported yet; remove the auth "
+              "section (the router refuses settings it would ignore, and would run open)")
+    return auth
 
 
-def _freeze(v: Any) -> Any:
-    if isinstance(v, dict):
-        return MappingProxyType({k: _freeze(x) for k, x in v.items()})
-    if isinstance(v, list):
-        return tuple(_freeze(x) for x in v)
-    return v
+_STICKY_BACKENDS = ("memory",)
+
+
+def _session_sticky(c: _Ctx, v: Any) -> Mapping[str, Any] | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        c.err("sessionSticky", f"must be a mapping, got {_type_name(v)}")
+        return None
+    for k in v:
+        if k != "backend":
+            c.err(f"sessionSticky.{k}", "is not supported yet (only sessionSticky.backend: memory is); "
+                  "remove this field (the router refuses settings it would ignore)")
+    backend = v.get("backend", "memory")
+    if backend not in _STICKY_BACKENDS:
+        c.err("sessionSticky.backend", f"only the in-memory store is supported yet, got {backend!r}; "
+              "use backend: memory")
+    return MappingProxyType({"backend": backend})
 
 
 def router_configuration_from_object(
@@ -460,11 +484,7 @@ def router_configuration_from_object(
         scheduler = _scheduler(c, m.get("scheduler"))
         traffic = parse_traffic(c, m.get("traffic"))
         auth = _auth(c, m.get("auth"))
-        raw_sticky = m.get("sessionSticky")
-        if raw_sticky is not None and not isinstance(raw_sticky, dict):
-            c.err("sessionSticky", f"must be a mapping, got {_type_name(raw_sticky)}")
-        elif raw_sticky is not None:
-            sticky = _freeze(raw_sticky)
+        sticky = _session_sticky(c, m.get("sessionSticky"))
     if c.problems or scheduler is None:
         raise ConfigError(c.problems or [ConfigProblem(source, document, "", "invalid configuration")])
     return RouterConfiguration(scheduler, auth, sticky, source, digest, tuple(c.warnings), traffic)

@@ -81,3 +81,26 @@ def test_bad_settings_exit_2(tmp_path: Path) -> None:
     proc = _run_cli(tmp_path, config, "--workers", "0")
     assert proc.returncode == 2, proc.tail()
     assert "workers must be >= 1" in proc.stderr()
+
+
+RATE_LIMITED = BAD_WEIGHT.replace("metadata: {name: broken}", "metadata: {name: limited}").replace(
+    "weight: 500}", "weight: 100}\n  rateLimit: {inputTokensPerUnit: 1000, unit: minute}")
+
+
+def test_refused_kthena_field_exits_2_naming_it(tmp_path: Path) -> None:
+    config = harness.write_config(tmp_path / "limited.yaml", RATE_LIMITED)
+    proc = _run_cli(tmp_path, config)
+    assert proc.returncode == 2, proc.tail()
+    err = proc.stderr()
+    assert f"{config}: document 2 (ModelRoute default/limited): spec.rateLimit: token rate limiting" in err, err
+    assert "is not supported yet" in err and "Traceback" not in err
+
+
+def test_configured_auth_in_router_config_exits_2_naming_it(tmp_path: Path) -> None:
+    config = harness.write_config(tmp_path / "ok.yaml", BAD_WEIGHT.replace("weight: 500", "weight: 100"))
+    rc = tmp_path / "router-config.yaml"
+    rc.write_text("auth: {issuer: https://issuer.example, jwksUri: https://issuer.example/jwks}\n")
+    proc = _run_cli(tmp_path, config, "--router-config", str(rc))
+    assert proc.returncode == 2, proc.tail()
+    err = proc.stderr()
+    assert f"{rc}: document 1: auth.issuer: JWT authentication (auth) is not supported yet" in err, err

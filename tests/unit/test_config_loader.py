@@ -53,25 +53,18 @@ def test_full_schema_is_parsed(tmp_path):
         "s", "real-model",
         workloadPort={"port": 8443, "protocol": "https"},
         trafficPolicy={"timeout": "1m30s", "retry": {"attempts": 3, "retryInterval": "250ms"}},
-        kvConnector={"type": "nixl"},
     )
-    srv["spec"]["workloadSelector"]["pdGroup"] = {
-        "groupKey": "group", "prefillLabels": {"role": "prefill"}, "decodeLabels": {"role": "decode"}}
     rt = route("r", "m", lora=["a1", "a2"], ts="2025-01-02T03:04:05Z", rules=[{
         "name": "first",
         "modelMatch": {"headers": {"X-User": {"prefix": "beta-"}}, "uri": {"exact": "/v1/completions"},
                        "body": {"model": "m"}},
         "targetModels": [{"modelServerName": "s", "weight": 70}, {"modelServerName": "s", "weight": 30}],
     }])
-    rt["spec"]["rateLimit"] = {"inputTokensPerUnit": 10, "outputTokensPerUnit": 20, "unit": "minute",
-                               "global": {"redis": {"address": "redis:6379"}}}
     rt["spec"]["parentRefs"] = [{"name": "gw", "kind": "Gateway"}]
     cfg = load(tmp_path, [rt, srv, endpoints()])
     s = cfg.servers[("default", "s")]
-    assert (s.port, s.protocol, s.timeout_s, s.retry_attempts, s.retry_interval_s, s.kv_connector) == (
-        8443, "https", 90.0, 3, 0.25, "nixl")
-    assert s.pd_group is not None and s.pd_group.group_key == "group"
-    assert s.pd_group.decode_labels == {"role": "decode"}
+    assert (s.port, s.protocol, s.timeout_s, s.retry_attempts, s.retry_interval_s) == (8443, "https", 90.0, 3, 0.25)
+    assert s.pd_group is None and s.kv_connector is None
     r = cfg.routes[0]
     assert r.creation_timestamp == datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     assert r.lora_adapters == ("a1", "a2") and r.parent_refs == ({"name": "gw", "kind": "Gateway"},)
@@ -79,7 +72,7 @@ def test_full_schema_is_parsed(tmp_path):
     assert set(rule.headers) == {"x-user"} and rule.headers["x-user"].prefix == "beta-"
     assert rule.uri is not None and rule.uri.exact == "/v1/completions" and rule.body_model == "m"
     assert [t.weight for t in rule.targets] == [70, 30]
-    assert r.rate_limit is not None and (r.rate_limit.unit, r.rate_limit.global_redis_address) == ("minute", "redis:6379")
+    assert r.rate_limit is None
 
 
 def test_defaults(tmp_path):
@@ -217,9 +210,6 @@ ROUTE_ERRORS = [
     ({"rules": [{"modelMatch": {"headerz": {}}, "targetModels": [{"modelServerName": "s"}]}]},
      "spec.rules[0].modelMatch.headerz", "unknown field"),
     ({"modelname": "x"}, "spec.modelname", "did you mean 'modelName'"),
-    ({"rateLimit": {"unit": "week"}}, "spec.rateLimit.unit", "must be one of second, minute, hour, day, month"),
-    ({"rateLimit": {"inputTokensPerUnit": 0}}, "spec.rateLimit.inputTokensPerUnit", "between 1 and"),
-    ({"rateLimit": {"global": {"redis": {}}}}, "spec.rateLimit.global.redis.address", "required"),
 ]
 
 
@@ -243,8 +233,6 @@ SERVER_ERRORS = [
     ({"inferenceEngine": None}, "spec.inferenceEngine", "required"),
     ({"workloadSelector": None}, "spec.workloadSelector", "required"),
     ({"workloadSelector": {"matchLabels": {"app": 1}}}, "spec.workloadSelector.matchLabels.app", "quote it"),
-    ({"workloadSelector": {"matchLabels": {}, "pdGroup": {"groupKey": "g", "decodeLabels": {"r": "d"}}}},
-     "spec.workloadSelector.pdGroup.prefillLabels", "required"),
     ({"workloadPort": {"port": 0}}, "spec.workloadPort.port", "between 1 and 65535"),
     ({"workloadPort": {"port": 65536}}, "spec.workloadPort.port", "between 1 and 65535"),
     ({"workloadPort": {"protocol": "http"}}, "spec.workloadPort.port", "required"),
@@ -256,7 +244,6 @@ SERVER_ERRORS = [
     ({"trafficPolicy": {"retry": {"retryInterval": "fast"}}}, "spec.trafficPolicy.retry.retryInterval",
      "invalid duration"),
     ({"trafficPolicy": {"retries": {}}}, "spec.trafficPolicy.retries", "did you mean 'retry'"),
-    ({"kvConnector": {"type": "rdma"}}, "spec.kvConnector.type", "must be one of http, lmcache, nixl, mooncake"),
     ({"model": "x" * 257}, "spec.model", "at most 256"),
     ({"modle": "x"}, "spec.modle", "did you mean 'model'"),
 ]

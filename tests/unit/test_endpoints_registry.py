@@ -61,3 +61,19 @@ def test_prune_drops_every_child_of_a_gone_endpoint() -> None:
     # the survivor and label-less families are untouched; a returning endpoint starts afresh
     m.upstream_error("default/s", A, "timeout")
     assert endpoints_exported() == {A, B}
+
+
+def test_a_router_configuration_reload_reaches_health_and_panic(tmp_path: Path) -> None:
+    from kthena_router.endpoints.selection import EndpointSelector
+
+    current = [TrafficSettings()]
+    reg = EndpointRegistry(traffic=lambda: current[0])
+    sel = EndpointSelector(lambda: current[0])
+    targets = reg.build(_cfg(tmp_path, [9001], [9002]))
+    assert sel.threshold(("default", "a")) == 50.0
+    strict = ServerTraffic(outlier=OutlierDetection(consecutive_failures=2, panic_threshold_percent=10.0))
+    current[0] = TrafficSettings(overrides={"default/a": strict})  # installed by a reload
+    reg.apply_policies(targets)
+    (ep_a,), (ep_b,) = targets[("default", "a")], targets[("default", "b")]
+    assert ep_a.health.policy.consecutive_failures == 2 and ep_b.health.policy.consecutive_failures == 5
+    assert sel.threshold(("default", "a")) == 10.0 and sel.threshold(("default", "b")) == 50.0

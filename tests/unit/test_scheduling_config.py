@@ -9,6 +9,7 @@ import pytest
 
 from kthena_router.config.errors import ConfigError
 from kthena_router.scheduling.config import (
+    AuthConfig,
     DEFAULT_SCORES,
     KvCacheAwareArgs,
     LeastLatencyArgs,
@@ -69,7 +70,7 @@ data:
       backend: "memory"
 """
 
-WITH_AUTH_AND_KV = """\
+WITH_KV = """\
 scheduler:
   pluginConfig:
   - name: kvcache-aware
@@ -81,7 +82,6 @@ scheduler:
       enabled:
       - {name: kvcache-aware, weight: 2}
       - {name: least-request, weight: 0.5}
-auth: {issuer: https://issuer.example, audiences: [kthena], jwksUri: https://issuer.example/jwks}
 """
 
 
@@ -124,9 +124,9 @@ def test_configmap_among_other_documents(tmp_path):
     assert load(text, tmp_path).scheduler.filters == ("least-request",)
 
 
-def test_auth_and_kvcache_args(tmp_path):
-    cfg = load(WITH_AUTH_AND_KV, tmp_path)
-    assert cfg.auth is not None and cfg.auth.audiences == ("kthena",) and cfg.auth.jwks_uri.endswith("/jwks")
+def test_kvcache_args(tmp_path):
+    cfg = load(WITH_KV, tmp_path)
+    assert cfg.auth is None
     kv = cfg.scheduler.args["kvcache-aware"]
     assert isinstance(kv, KvCacheAwareArgs)
     assert (kv.block_size_to_hash, kv.max_blocks_to_match, kv.vllm_tokenizer_port) == (16, 256, 8000)
@@ -178,6 +178,11 @@ def test_defaults(tmp_path):
     ("scheduler: [1]\n", "scheduler", "mapping"),
     ("auth: {audiences: [1]}\n", "auth.audiences[0]", "string"),
     ("sessionSticky: memory\n", "sessionSticky", "mapping"),
+    ("auth: {issuer: https://issuer.example}\n", "auth.issuer", "is not supported yet"),
+    ("auth: {audiences: [kthena]}\n", "auth.audiences", "is not supported yet"),
+    ("auth: {jwksUri: https://issuer.example/jwks}\n", "auth.jwksUri", "is not supported yet"),
+    ("sessionSticky: {backend: redis, redis: {address: r:6379}}\n", "sessionSticky.redis", "is not supported yet"),
+    ("sessionSticky: {backend: redis}\n", "sessionSticky.backend", "only the in-memory store"),
 ])
 def test_errors_name_file_document_and_field(tmp_path, text, field, words):
     err = error(text, tmp_path)
@@ -246,3 +251,18 @@ def test_model_is_frozen(tmp_path):
         cfg.scheduler.filters = ()  # type: ignore[misc]
     with pytest.raises(TypeError):
         cfg.scheduler.args["x"] = None  # type: ignore[index]
+
+
+def test_configured_auth_is_refused_naming_the_field(tmp_path):
+    err = error("auth: {issuer: https://issuer.example, audiences: [kthena], jwksUri: https://i.example/jwks}\n",
+                tmp_path)
+    assert len(err.problems) == 1 and err.field == "auth.issuer"
+    assert err.message.startswith("JWT authentication (auth) is not supported yet")
+
+
+def test_empty_auth_placeholder_and_memory_store_load(tmp_path):
+    for text in ("auth: {}\n", "auth: {issuer: '', audiences: [], jwksUri: ''}\n",
+                 "sessionSticky: {}\n", "sessionSticky: {backend: memory}\n"):
+        cfg = load(text, tmp_path)
+        assert cfg.auth is None or cfg.auth == AuthConfig()
+        assert cfg.session_sticky is None or dict(cfg.session_sticky) == {"backend": "memory"}

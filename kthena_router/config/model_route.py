@@ -1,0 +1,181 @@
+"""One ModelRoute document (Kthena's CRD rules) -> ModelRoute."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .checks import (
+    Ctx,
+    check_enum,
+    check_int,
+    check_list,
+    check_mapping,
+    check_str,
+    check_string_match,
+    join_path,
+    refuse,
+    type_name,
+)
+from .metadata import ObjectMeta
+from .model import ModelRoute, RateLimit, RouteRule, StringMatch, TargetModel
+
+__all__ = ["MAX_LORA_ADAPTERS", "MAX_RULES", "MAX_TARGETS", "parse_model_route"]
+
+MAX_LORA_ADAPTERS = 10
+MAX_RULES = 16
+MAX_TARGETS = 16
+_RATE_UNITS = ("second", "minute", "hour", "day", "month")
+# sessionSticky: Kthena's route-level session affinity (proposal), refused like rateLimit.
+_SPEC_FIELDS = ("modelName", "loraAdapters", "parentRefs", "rules", "rateLimit", "sessionSticky")
+
+
+def parse_model_route(c: Ctx, meta: ObjectMeta, v: Any, order: int) -> ModelRoute | None:
+    spec = check_mapping(c, v, "spec", _SPEC_FIELDS)
+    if spec is None:
+        return None
+    before = len(c.problems)
+    model_name = check_str(c, spec.get("modelName"), "spec.modelName", allow_empty=True) or None
+    adapters: list[str] = []
+    raw_adapters = check_list(c, spec.get("loraAdapters"), "spec.loraAdapters")
+    if len(raw_adapters) > MAX_LORA_ADAPTERS:
+        c.err("spec.loraAdapters", f"at most {MAX_LORA_ADAPTERS} adapters, got {len(raw_adapters)}")
+    for i, a in enumerate(raw_adapters):
+        s = check_str(c, a, f"spec.loraAdapters[{i}]")
+        if s is not None and s not in adapters:
+            adapters.append(s)
+    if model_name is None and not adapters and not raw_adapters:
+        c.err("spec", "modelName or loraAdapters must be set")
+    parent_refs = tuple(p for p in check_list(c, spec.get("parentRefs"), "spec.parentRefs") if isinstance(p, dict))
+    raw_rules = spec.get("rules")
+    rules: list[RouteRule] = []
+    if raw_rules is None:
+        c.err("spec.rules", "required field is missing (at least one rule)")
+    else:
+        lst = check_list(c, raw_rules, "spec.rules")
+        if isinstance(raw_rules, list) and not lst:
+            c.err("spec.rules", "at least one rule is required")
+        if len(lst) > MAX_RULES:
+            c.err("spec.rules", f"at most {MAX_RULES} rules, got {len(lst)}")
+        for i, r in enumerate(lst):
+            rule = _rule(c, r, f"spec.rules[{i}]")
+            if rule is not None:
+                rules.append(rule)
+    rate_limit = _rate_limit(c, spec.get("rateLimit"), "spec.rateLimit")
+    if rate_limit is not None:
+        refuse(c, "spec.rateLimit", "token rate limiting (rateLimit)")
+    if spec.get("sessionSticky") is not None:
+        refuse(c, "spec.sessionSticky", "route-level session affinity (sessionSticky)")
+    if len(c.problems) > before:
+        return None
+    return ModelRoute(
+        namespace=meta.namespace,
+        name=meta.name,
+        model_name=model_name,
+        lora_adapters=tuple(adapters),
+        rules=tuple(rules),
+        rate_limit=rate_limit,
+        creation_timestamp=meta.creation_timestamp,
+        order=order,
+        parent_refs=parent_refs,
+    )
+
+
+def _rule(c: Ctx, v: Any, path: str) -> RouteRule | None:
+    r = check_mapping(c, v, path, ("name", "modelMatch", "targetModels"), required=("targetModels",))
+    if r is None:
+        return None
+    before = len(c.problems)
+    name = check_str(c, r.get("name"), join_path(path, "name"), allow_empty=True) or ""
+    headers: dict[str, StringMatch] = {}
+    uri: StringMatch | None = None
+    body_model: str | None = None
+    mm_path = join_path(path, "modelMatch")
+    mm = r.get("modelMatch")
+    if mm is not None and check_mapping(c, mm, mm_path, ("headers", "uri", "body")) is not None:
+        raw_headers = mm.get("headers")
+        hp = join_path(mm_path, "headers")
+        if raw_headers is not None:
+            if not isinstance(raw_headers, dict):
+                c.err(hp, f"must be a mapping of header name to match, got {type_name(raw_headers)}")
+            else:
+                for hname, hm in raw_headers.items():
+                    p = join_path(hp, str(hname))
+                    if not isinstance(hname, str) or not hname:
+                        c.err(p, "header names must be non-empty strings")
+                        continue
+                    sm = check_string_match(c, hm, p)
+                    if hname.lower() in headers:
+                        c.err(p, "duplicate header name (header names are case-insensitive)")
+                    elif sm is not None:
+                        headers[hname.lower()] = sm
+        if mm.get("uri") is not None:
+            uri = check_string_match(c, mm["uri"], join_path(mm_path, "uri"))
+        if mm.get("body") is not None:
+            bp = join_path(mm_path, "body")
+            body = check_mapping(c, mm["body"], bp, ("model",))
+            if body is not None:
+                body_model = check_str(c, body.get("model"), join_path(bp, "model"))
+    targets = _targets(c, r.get("targetModels"), join_path(path, "targetModels"))
+    if len(c.problems) > before or targets is None:
+        return None
+    return RouteRule(name=name, headers=headers, uri=uri, body_model=body_model, targets=targets)
+
+
+def _targets(c: Ctx, v: Any, path: str) -> tuple[TargetModel, ...] | None:
+    if v is None:
+        return None  # reported as a missing required field
+    lst = check_list(c, v, path)
+    if not isinstance(v, list):
+        return None
+    if not 1 <= len(lst) <= MAX_TARGETS:
+        c.err(path, f"must have 1 to {MAX_TARGETS} targets, got {len(lst)}")
+        return None
+    out: list[TargetModel] = []
+    for j, t in enumerate(lst):
+        tp = f"{path}[{j}]"
+        m = check_mapping(c, t, tp, ("modelServerName", "weight"), required=("modelServerName",))
+        if m is None:
+            continue
+        name = check_str(c, m.get("modelServerName"), join_path(tp, "modelServerName"))
+        weight = check_int(c, m.get("weight"), join_path(tp, "weight"), 0, 100)
+        if name is not None and (m.get("weight") is None or weight is not None):
+            out.append(TargetModel(name, weight))
+    if len(out) != len(lst):
+        return None
+    weighted = [t.weight is not None for t in out]
+    if any(weighted) and not all(weighted):
+        missing = weighted.index(False)
+        c.err(
+            f"{path}[{missing}].weight",
+            "weights must be set on all targets of a rule or on none "
+            "(Kubernetes would default a missing weight to 100: write it explicitly)",
+        )
+        return None
+    if all(weighted) and sum(t.weight or 0 for t in out) == 0:
+        c.err(path, "all weights are 0: this rule could never route a request")
+        return None
+    return tuple(out)
+
+
+def _rate_limit(c: Ctx, v: Any, path: str) -> RateLimit | None:
+    """Shape check of rateLimit (Kthena's CRD rules), so that a refused block is also
+    reported precisely; the caller refuses any present rateLimit."""
+    if v is None:
+        return None
+    m = check_mapping(c, v, path, ("inputTokensPerUnit", "outputTokensPerUnit", "unit", "global"))
+    if m is None:
+        return None
+    inp = check_int(c, m.get("inputTokensPerUnit"), join_path(path, "inputTokensPerUnit"), 1, 2**32 - 1)
+    out = check_int(c, m.get("outputTokensPerUnit"), join_path(path, "outputTokensPerUnit"), 1, 2**32 - 1)
+    unit = "second" if m.get("unit") is None else check_enum(c, m.get("unit"), join_path(path, "unit"), _RATE_UNITS)
+    redis_addr: str | None = None
+    if m.get("global") is not None:
+        gp = join_path(path, "global")
+        g = check_mapping(c, m["global"], gp, ("redis",))
+        if g is not None and g.get("redis") is not None:
+            rp = join_path(gp, "redis")
+            r = check_mapping(c, g["redis"], rp, ("address", "password"), required=("address",))
+            if r is not None:
+                redis_addr = check_str(c, r.get("address"), join_path(rp, "address"))
+    return RateLimit(unit=unit or "second", input_tokens_per_unit=inp, output_tokens_per_unit=out,
+                     global_redis_address=redis_addr)

@@ -1,0 +1,254 @@
+"""The router configuration (--router-config) in a worker: installed, read per request,
+reloaded like the route config.
+
+- RouterConfigHolder.current is the installed RouterConfiguration. Consumers of its
+  sections (scheduler, traffic, ...) read it per request, so a reload reaches them.
+- The scheduler (and the kvcache-aware matcher) is built from the scheduler section. A
+  reload that changes that section builds a new one, syncs it with the current endpoints
+  and the last engine snapshots, then swaps it in with the configuration in one step (no
+  await between); an unchanged section keeps the live scheduler and its learned state.
+- A file the router cannot use (invalid, or a pipeline Rust refuses) keeps the old one and
+  is reported as a bad route config is: WARNING log, kthena_router_config_reloads_total
+  {result="failure"}, the worker status' last_error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kthena_router import worker_status
+from kthena_router.config.errors import ConfigError, ConfigProblem
+from kthena_router.endpoints.selection import EndpointSelector
+from kthena_router.engine_state.scraper import EngineStateScraper
+from kthena_router.engine_state.snapshot import EndpointSnapshot
+from kthena_router.kv_events import EventSource
+from kthena_router.metrics import RouterMetrics
+from kthena_router.scheduling.check import check_scheduler
+from kthena_router.scheduling.config import KvCacheAwareArgs, RouterConfiguration, SchedulerSettings
+from kthena_router.scheduling.kv_matcher import KvAwareMatcher, event_source
+from kthena_router.scheduling.scheduler import Scheduler
+from kthena_router.settings import RouterSettings
+from kthena_router.state import RouterState, StateHolder
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RouterConfigHolder", "RouterConfigReloader", "Scheduling", "SwitchingBalancer"]
+
+
+class RouterConfigHolder:
+    """The installed RouterConfiguration (None: no --router-config, every section at its
+    default). Read it once per request and keep that object to the request's end."""
+
+    __slots__ = ("current",)
+
+    def __init__(self, current: RouterConfiguration | None = None) -> None:
+        self.current = current
+
+
+@dataclass
+class Scheduling:
+    scheduler: Scheduler
+    matcher: KvAwareMatcher | None
+
+
+def build_scheduling(sc: SchedulerSettings, source: str, settings: RouterSettings,
+                     metrics: RouterMetrics, selector: EndpointSelector | None = None) -> Scheduling:
+    check_scheduler(sc, source)  # ConfigError naming the file rather than a bare ValueError
+    scheduler = Scheduler(sc, metrics, hot_spot_abs=settings.hot_spot_abs, hot_spot_rel=settings.hot_spot_rel,
+                          selector=selector)
+    matcher = None
+    kv_args = sc.args.get("kvcache-aware")
+    if scheduler.kv_aware and isinstance(kv_args, KvCacheAwareArgs):
+        matcher = KvAwareMatcher(kv_args, metrics)
+        scheduler.set_kv_matcher(matcher)
+    return Scheduling(scheduler, matcher)
+
+
+class SwitchingBalancer:
+    """The proxy's balancer with a router configuration: the live Scheduler, replaceable
+    by a reload. Attempts dispatched before a swap finish without touching the new
+    scheduler, so its in-flight counts start at zero and stay balanced."""
+
+    needs_request_info = True
+
+    def __init__(self, inner: Scheduler) -> None:
+        self.inner = inner
+        self._live: dict[str, int] = {}  # endpoint key -> attempts in flight on `inner`
+        self._orphans: dict[str, int] = {}  # attempts in flight on replaced schedulers
+
+    def swap(self, new: Scheduler) -> None:
+        for key, n in self._live.items():
+            self._orphans[key] = self._orphans.get(key, 0) + n
+        self.inner, self._live = new, {}
+
+    async def prepare(self, info: Any) -> None:
+        await self.inner.prepare(info)
+
+    def candidates(self, key: Any, endpoints: Any, info: Any = None) -> list[Any]:
+        return self.inner.candidates(key, endpoints, info)
+
+    def dispatched(self, ep: Any, info: Any) -> None:
+        self._live[ep.key] = self._live.get(ep.key, 0) + 1
+        self.inner.dispatched(ep, info)
+
+    def finished(self, ep: Any, ttft_s: float | None = None, tpot_s: float | None = None) -> None:
+        key = ep.key
+        if self._orphans and _take(self._orphans, key):
+            return  # its scheduler is gone
+        _take(self._live, key)
+        self.inner.finished(ep, ttft_s, tpot_s)
+
+    def observe_prompt_tokens(self, info: Any, prompt_tokens: int) -> None:
+        self.inner.observe_prompt_tokens(info, prompt_tokens)
+
+
+def _take(counts: dict[str, int], key: str) -> bool:
+    n = counts.get(key, 0)
+    if n <= 0:
+        return False
+    if n == 1:
+        del counts[key]
+    else:
+        counts[key] = n - 1
+    return True
+
+
+def _kv_sources(state: RouterState, scheduler: Scheduler, args: KvCacheAwareArgs) -> dict[str, tuple[int, EventSource]]:
+    """Endpoint key -> (scheduler id, KV-event source from the endpoint's labels)."""
+    out: dict[str, tuple[int, EventSource]] = {}
+    for key, eps in state.targets.items():
+        labels = {(e.address, e.port): e.labels for e in state.config.endpoints_of(state.config.servers[key])}
+        for ep in eps:
+            ep_id = scheduler.endpoint_id(ep.key)
+            src = event_source(ep.ip, labels.get((ep.host, ep.port), {}), args)
+            if ep_id is not None and src is not None and ep.key not in out:
+                out[ep.key] = (ep_id, src)
+    return out
+
+
+class RouterConfigReloader:
+    """Owns the installed router configuration and the scheduling built from it."""
+
+    def __init__(self, settings: RouterSettings, metrics: RouterMetrics, rc: RouterConfiguration,
+                 state_holder: StateHolder, selector: EndpointSelector | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.state_holder = state_holder
+        self.holder = RouterConfigHolder(rc)
+        self.selector = selector  # usable endpoints / panic, shared by every scheduler built here
+        self.on_install: Callable[[RouterConfiguration], None] | None = None  # after each install
+        self.scheduling = build_scheduling(rc.scheduler, rc.source, settings, metrics, selector)
+        self.balancer = SwitchingBalancer(self.scheduling.scheduler)
+        self.scraper: EngineStateScraper | None = None
+        self._latest = 0  # ticket of the newest configuration received
+        self._tasks: set[asyncio.Task[None]] = set()
+        worker_status.report_router_config_applied(settings, rc.digest)
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.scheduling.scheduler
+
+    @property
+    def matcher(self) -> KvAwareMatcher | None:
+        return self.scheduling.matcher
+
+    # --- wiring (lifespan) ---------------------------------------------------------------
+    async def start(self, scraper: EngineStateScraper) -> None:
+        self.scraper = scraper
+        scraper.on_update = self._on_snapshot
+        await self._load_tokenizers(self.scheduling)
+
+    def _on_snapshot(self, snap: EndpointSnapshot) -> None:
+        self.scheduling.scheduler.on_snapshot(snap)
+
+    def on_state(self, state: RouterState) -> None:
+        """After every routing-state install: reconcile scorers and index, scrape exactly
+        the live endpoints and (kvcache-aware) subscribe to exactly their KV-event streams."""
+        self._sync(self.scheduling, state)
+
+    def _sync(self, sched: Scheduling, state: RouterState) -> None:
+        sched.scheduler.sync(state.targets)
+        if self.scraper is not None:
+            live: dict[str, tuple[str, str, str]] = {}
+            for key, eps in state.targets.items():
+                flavour = state.config.servers[key].inference_engine
+                for ep in eps:
+                    live.setdefault(ep.key, (ep.key, ep.base_url, flavour))
+            self.scraper.set_endpoints(live.values())
+        if sched.matcher is not None:
+            sched.matcher.set_endpoints(_kv_sources(state, sched.scheduler, sched.matcher.args))
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self.scheduling.matcher is not None:
+            await self.scheduling.matcher.close()
+
+    # --- reload (ConfigWatcher callbacks) --------------------------------------------------
+    def on_config(self, rc: RouterConfiguration) -> None:
+        self._latest += 1
+        current = self.holder.current
+        if current is not None and rc.scheduler == current.scheduler:
+            self._install(rc, None)  # same pipeline: keep the live scheduler and what it learned
+            return
+        task = asyncio.get_running_loop().create_task(self._rebuild(rc, self._latest))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def on_error(self, err: ConfigError) -> None:
+        self.metrics.config_reload(False)
+        worker_status.report_failed(self.settings, str(err))
+
+    async def _rebuild(self, rc: RouterConfiguration, ticket: int) -> None:
+        try:
+            new = build_scheduling(rc.scheduler, rc.source, self.settings, self.metrics, self.selector)
+        except ConfigError as err:
+            log.warning("invalid router configuration, keeping the previous one:\n%s", err)
+            self.on_error(err)
+            return
+        except Exception as exc:  # a bug must not leave the worker without a verdict
+            log.exception("cannot build the scheduler of %s; keeping the previous one", rc.source)
+            self.on_error(ConfigError([ConfigProblem(rc.source, "", "scheduler", f"internal error: {exc!r}")]))
+            return
+        await self._load_tokenizers(new)
+        if ticket != self._latest:  # a newer configuration arrived meanwhile
+            if new.matcher is not None:
+                await new.matcher.close()
+            return
+        old = self._install(rc, new)
+        if old is not None and old.matcher is not None:
+            await old.matcher.close()
+
+    def _install(self, rc: RouterConfiguration, new: Scheduling | None) -> Scheduling | None:
+        """Swap in the configuration (and a new scheduling) in one step; returns the old
+        scheduling when replaced."""
+        old = None
+        if new is not None:
+            state = self.state_holder.current
+            if state is not None:
+                self._sync(new, state)
+            if self.scraper is not None:
+                for snap in self.scraper.all().values():
+                    new.scheduler.on_snapshot(snap)
+            old, self.scheduling = self.scheduling, new
+            self.balancer.swap(new.scheduler)
+        self.holder.current = rc
+        if self.on_install is not None:
+            self.on_install(rc)
+        self.metrics.config_reload(True)
+        worker_status.report_router_config_applied(self.settings, rc.digest)
+        log.info("router configuration %s installed (%s)", rc.digest[:12],
+                 "new scheduler" if new is not None else "scheduler unchanged")
+        return old
+
+    @staticmethod
+    async def _load_tokenizers(sched: Scheduling) -> None:
+        if sched.matcher is None:
+            return
+        for err in await asyncio.to_thread(sched.matcher.tokenizers.load_all):
+            log.warning("kvcache-aware: %s (prefix-cache matching is used for that model)", err)
+
