@@ -26,10 +26,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kthena_router.config.loader import load_config_file
+from kthena_router.config.traffic import DEFAULT_TRAFFIC, TrafficSettings
 from kthena_router.config.watcher import ConfigWatcher
 from kthena_router.config_applier import ConfigApplier
 from kthena_router.endpoints.balancer import Balancer, RoundRobinBalancer
-from kthena_router.config.traffic import DEFAULT_TRAFFIC, TrafficSettings
 from kthena_router.endpoints.health import HealthProber
 from kthena_router.endpoints.registry import EndpointRegistry
 from kthena_router.endpoints.selection import EndpointSelector
