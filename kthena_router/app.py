@@ -27,13 +27,14 @@ from starlette.routing import Route
 
 from kthena_router.access_log import AccessLog
 from kthena_router.config.loader import load_config_file
-from kthena_router.config.traffic import DEFAULT_TRAFFIC
+from kthena_router.config.traffic import DEFAULT_TRAFFIC, TrafficSettings
 from kthena_router.config.watcher import ConfigWatcher
 from kthena_router.config_applier import ConfigApplier
 from kthena_router.debug_socket import DebugServer
 from kthena_router.endpoints.balancer import Balancer, RoundRobinBalancer
-from kthena_router.endpoints.health import EjectionPolicy, HealthProber
+from kthena_router.endpoints.health import HealthProber
 from kthena_router.endpoints.registry import EndpointRegistry
+from kthena_router.endpoints.selection import EndpointSelector
 from kthena_router.engine_state.scraper import EngineStateScraper
 from kthena_router.errors import RequestError, error_response, send_error
 from kthena_router.metrics import RouterMetrics, ensure_multiprocess
@@ -96,22 +97,34 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     ensure_multiprocess(settings.prometheus_dir)
     metrics = RouterMetrics()
     holder = StateHolder()
-    registry = EndpointRegistry(ejection=EjectionPolicy(settings.eject_base_s, settings.eject_max_s))
     pool = UpstreamPool(settings)
-    reloader: RouterConfigReloader | None = None
     router_config = RouterConfigHolder()
+
+    def traffic() -> TrafficSettings:  # the installed router configuration's, per use
+        rc = router_config.current
+        return rc.traffic if rc is not None else DEFAULT_TRAFFIC
+
+    registry = EndpointRegistry(traffic=traffic)
+    registry.on_gone = metrics.prune_endpoints
+    registry.on_stalled = metrics.stalled_attempts
+    selector = EndpointSelector(traffic)
+    reloader: RouterConfigReloader | None = None
     balancer: Balancer
-    traffic = DEFAULT_TRAFFIC
     if settings.router_config_path:
         # validated by the parent (cli.py); watched and reloaded in the lifespan
         reloader = RouterConfigReloader(settings, metrics, load_router_configuration_file(settings.router_config_path),
-                                        holder)
+                                        holder, selector)
         router_config = reloader.holder
+
+        def outlier_settings_changed(rc: Any) -> None:
+            state = holder.current
+            if state is not None:
+                registry.apply_policies(state.targets)
+
+        reloader.on_install = outlier_settings_changed
         balancer = reloader.balancer
-        if reloader.holder.current is not None:
-            traffic = reloader.holder.current.traffic
     else:
-        balancer = RoundRobinBalancer()
+        balancer = RoundRobinBalancer(selector)
 
     def all_targets() -> list[Any]:
         state = holder.current
@@ -121,7 +134,13 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                           settings.health_probe_timeout_s)
     access_log = AccessLog(settings.access_log, settings.access_log_flush_s) if settings.access_log else None
     forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober, access_log=access_log)
-    applier = ConfigApplier(settings, holder, registry, metrics, traffic)
+
+    def panic(key: tuple[str, str], endpoints: Any) -> None:
+        metrics.panic(f"{key[0]}/{key[1]}")
+        prober.probe_soon(endpoints)  # the ejected ones whose backoff passed: re-admit early
+
+    selector.on_panic = panic
+    applier = ConfigApplier(settings, holder, registry, metrics, traffic())
     applier.after_swap.append(pool_pruner(lambda: pool.h1))
     if reloader is not None:
         reloader.on_traffic = applier.set_traffic

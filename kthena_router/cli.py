@@ -58,10 +58,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hot-spot guard: absolute load excess (requests) before load beats affinity")
     p.add_argument("--hot-spot-rel", type=float, default=d.hot_spot_rel,
                    help="hot-spot guard: relative load excess (times) before load beats affinity")
-    p.add_argument("--eject-base-s", type=float, default=d.eject_base_s,
-                   help="first passive-ejection backoff of a failing endpoint (doubles, capped)")
-    p.add_argument("--eject-max-s", type=float, default=d.eject_max_s,
-                   help="longest passive-ejection backoff")
     p.add_argument("--access-log", default="", metavar="FILE|-",
                    help="JSON-lines access log (one line per proxied request, no prompt text); "
                         "'-' for stdout; off when empty")
@@ -87,8 +83,6 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         health_probe_interval_s=args.health_probe_interval_s,
         route_seed=args.route_seed,
         upstream_pool_size=args.upstream_pool_size,
-        eject_base_s=args.eject_base_s,
-        eject_max_s=args.eject_max_s,
         router_config_path=args.router_config_path,
         scrape_interval_s=args.scrape_interval_s,
         hot_spot_abs=args.hot_spot_abs,

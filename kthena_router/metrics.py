@@ -6,11 +6,21 @@ in the parent aggregates them. Gauges therefore name a multiprocess_mode: "lives
 in-flight counts, "livemin" for health-like flags (1 only if every live worker agrees).
 Label children are cached per label tuple: `.labels()` costs a lock and a dict lookup
 per call, too much on the hot path. Label values are bounded (no request ids).
+
+Endpoints that leave the config (pod-IP churn) get their label children pruned
+(`prune_endpoints`): the cached child and prometheus_client's own child are dropped, so
+a worker's Python objects do not grow with churn. Multiprocess mode limits this:
+prometheus_client cannot delete a series from a worker's mmap file (its `remove()` only
+drops the in-process child, and warns), so the file keeps one entry per series
+(its label text + 16 bytes) and the parent keeps exporting the last value of a gone
+endpoint's series until that worker exits (the supervisor's reaper then drops its
+live* gauge files). An endpoint that comes back with the same ip:port reuses its entries.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
@@ -120,7 +130,18 @@ class RouterMetrics:
             "kthena_router_prefix_index_bytes_per_token",
             "Prompt bytes per engine token learned from usage reports; sizes the prefix index",
             multiprocess_mode="livemax", registry=reg)
+        self.panics = Counter(
+            "kthena_router_panic_routing_total",
+            "Requests routed to every endpoint of a server because fewer than "
+            "panicThresholdPercent of them were usable (not ejected, not stalled)",
+            ["model_server"], registry=reg)
+        self.stalled = Counter(
+            "kthena_router_stalled_attempts_total",
+            "Attempts that waited for their first byte longer than max(stallMinimum, "
+            "stallFactor x the endpoint's recent TTFT) (each counts as one failure)",
+            ["endpoint"], registry=reg)
         self._children: dict[tuple[Any, ...], Any] = {}
+        self._families: dict[int, tuple[Any, int]] = {}  # id -> (family, index of its endpoint label or -1)
 
     # --- cached children --------------------------------------------------------------
 
@@ -129,6 +150,9 @@ class RouterMetrics:
         child = self._children.get(cache_key)
         if child is None:
             child = self._children[cache_key] = family.labels(*key)
+            if id(family) not in self._families:
+                names = list(family._labelnames)
+                self._families[id(family)] = (family, names.index("endpoint") if "endpoint" in names else -1)
         return child
 
     def observe_request(self, model: str, path: str, status: int, error_type: str, route: str,
@@ -190,6 +214,24 @@ class RouterMetrics:
         self.index_bytes_per_token.set(bytes_per_token)
         for endpoint, cap in capacities.items():
             self._child(self.index_capacity, (endpoint,)).set(cap)
+
+    def panic(self, server: str) -> None:
+        self._child(self.panics, (server,)).inc()
+
+    def stalled_attempts(self, endpoint: str, n: int) -> None:
+        self._child(self.stalled, (endpoint,)).inc(n)
+
+    def prune_endpoints(self, endpoints: set[str]) -> None:
+        """Drop every label child whose `endpoint` label is one of `endpoints` (gone from
+        the config); see the module docstring for multiprocess mode."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # multiprocess: in-process removal only
+            for key in list(self._children):
+                fam = self._families[key[0]]
+                pos = fam[1]
+                if pos >= 0 and key[1 + pos] in endpoints:
+                    fam[0].remove(*key[1:])
+                    del self._children[key]
 
     # --- kvcache-aware event streams (kept last: metrics.py is edited concurrently)
     def set_kv_stream_up(self, endpoint: str, up: bool) -> None:

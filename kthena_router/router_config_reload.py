@@ -23,6 +23,7 @@ from typing import Any
 from kthena_router import worker_status
 from kthena_router.config.errors import ConfigError, ConfigProblem
 from kthena_router.config.traffic import TrafficSettings
+from kthena_router.endpoints.selection import EndpointSelector
 from kthena_router.engine_state.scraper import EngineStateScraper
 from kthena_router.engine_state.snapshot import EndpointSnapshot
 from kthena_router.kv_events import EventSource
@@ -56,9 +57,10 @@ class Scheduling:
 
 
 def build_scheduling(sc: SchedulerSettings, source: str, settings: RouterSettings,
-                     metrics: RouterMetrics) -> Scheduling:
+                     metrics: RouterMetrics, selector: EndpointSelector | None = None) -> Scheduling:
     check_scheduler(sc, source)  # ConfigError naming the file rather than a bare ValueError
-    scheduler = Scheduler(sc, metrics, hot_spot_abs=settings.hot_spot_abs, hot_spot_rel=settings.hot_spot_rel)
+    scheduler = Scheduler(sc, metrics, hot_spot_abs=settings.hot_spot_abs, hot_spot_rel=settings.hot_spot_rel,
+                          selector=selector)
     matcher = None
     kv_args = sc.args.get("kvcache-aware")
     if scheduler.kv_aware and isinstance(kv_args, KvCacheAwareArgs):
@@ -133,12 +135,14 @@ class RouterConfigReloader:
     """Owns the installed router configuration and the scheduling built from it."""
 
     def __init__(self, settings: RouterSettings, metrics: RouterMetrics, rc: RouterConfiguration,
-                 state_holder: StateHolder) -> None:
+                 state_holder: StateHolder, selector: EndpointSelector | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
         self.state_holder = state_holder
         self.holder = RouterConfigHolder(rc)
-        self.scheduling = build_scheduling(rc.scheduler, rc.source, settings, metrics)
+        self.selector = selector  # usable endpoints / panic, shared by every scheduler built here
+        self.on_install: Callable[[RouterConfiguration], None] | None = None  # after each install
+        self.scheduling = build_scheduling(rc.scheduler, rc.source, settings, metrics, selector)
         self.balancer = SwitchingBalancer(self.scheduling.scheduler)
         self.scraper: EngineStateScraper | None = None
         # called with the new traffic section when a reload changes it (re-resolves servers)
@@ -204,7 +208,7 @@ class RouterConfigReloader:
 
     async def _rebuild(self, rc: RouterConfiguration, ticket: int) -> None:
         try:
-            new = build_scheduling(rc.scheduler, rc.source, self.settings, self.metrics)
+            new = build_scheduling(rc.scheduler, rc.source, self.settings, self.metrics, self.selector)
         except ConfigError as err:
             log.warning("invalid router configuration, keeping the previous one:\n%s", err)
             self.on_error(err)
@@ -238,6 +242,8 @@ class RouterConfigReloader:
         previous, self.holder.current = self.holder.current, rc
         if self.on_traffic is not None and (previous is None or previous.traffic != rc.traffic):
             self.on_traffic(rc.traffic)
+        if self.on_install is not None:
+            self.on_install(rc)
         self.metrics.config_reload(True)
         worker_status.report_router_config_applied(self.settings, rc.digest)
         log.info("router configuration %s installed (%s)", rc.digest[:12],

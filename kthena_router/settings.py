@@ -59,10 +59,6 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Period of the active /health probe of every endpoint."""
     health_probe_timeout_s: float = 1.0
     """Timeout of one active /health probe."""
-    eject_base_s: float = 1.0
-    """Passive ejection: first backoff after an endpoint fails; doubles while it keeps failing."""
-    eject_max_s: float = 30.0
-    """Passive ejection: longest backoff."""
     default_retry_endpoints: int = 2
     """Candidates tried before the first byte when the ModelServer sets no retry policy."""
     upstream_pool_size: int = 512
@@ -124,8 +120,6 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise SettingsError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if self.drain_grace_s < 0:
             raise SettingsError(f"drain_grace_s must be >= 0, got {self.drain_grace_s}")
-        if not 0 < self.eject_base_s <= self.eject_max_s:
-            raise SettingsError(f"need 0 < eject_base_s <= eject_max_s, got {self.eject_base_s}, {self.eject_max_s}")
         if self.scrape_interval_s <= 0:
             raise SettingsError(f"scrape_interval_s must be > 0, got {self.scrape_interval_s}")
         if self.hot_spot_abs < 0 or self.hot_spot_rel < 1:

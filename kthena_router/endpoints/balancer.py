@@ -1,4 +1,7 @@
-"""Endpoint choice: round-robin among healthy endpoints, as an ordered candidate list.
+"""Endpoint choice: round-robin among usable endpoints, as an ordered candidate list.
+
+Usable (endpoints/selection.py): not ejected and not stalled, or every endpoint of the
+server when too few are usable (panic threshold).
 
 The proxy tries candidates in order (retry before the first byte moves to the next one),
 so a scheduling plugin (step 2) can replace this by returning a differently ordered list.
@@ -9,19 +12,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Hashable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-
-class HasHealth(Protocol):
-    @property
-    def health(self) -> "_Healthy": ...
-
-
-class _Healthy(Protocol):
-    healthy: bool
-
-
-T = TypeVar("T", bound=HasHealth)
+from kthena_router.endpoints.selection import EndpointSelector, T
 
 
 class Balancer(Protocol):
@@ -45,7 +38,8 @@ class Balancer(Protocol):
 class RoundRobinBalancer:
     needs_request_info = False
 
-    def __init__(self) -> None:
+    def __init__(self, selector: EndpointSelector | None = None) -> None:
+        self.selector = selector if selector is not None else EndpointSelector()
         self._counters: dict[Hashable, itertools.count[int]] = {}
 
     async def prepare(self, info: Any) -> None:
@@ -61,8 +55,8 @@ class RoundRobinBalancer:
         pass
 
     def candidates(self, key: Hashable, endpoints: Sequence[T], info: Any = None) -> list[T]:
-        """Healthy endpoints, rotated by one position per call for this key."""
-        healthy = [ep for ep in endpoints if ep.health.healthy]
+        """Usable endpoints, rotated by one position per call for this key."""
+        healthy, _ = self.selector.usable(key, endpoints)
         n = len(healthy)
         if n <= 1:
             return healthy

@@ -1,16 +1,31 @@
-"""Endpoint health: passive ejection on failures, re-admission by an active /health probe.
+"""Endpoint health: outlier detection on attempt outcomes, re-admission by an active probe.
 
 State machine per endpoint (per worker process):
-- healthy: candidates include it.
+- healthy: candidates include it (unless its in-flight attempts make no progress, below).
 - ejected: excluded until `ejected_until`; after that, the next successful active probe
-  re-admits it. The backoff doubles with each ejection not separated by a successful
-  request (a flapping endpoint stays out longer), capped. Failed probes of an ejected
-  endpoint keep it out without growing the backoff: it returns one probe interval after
-  it recovers.
-Connection errors, first-byte timeouts, stalls and invalid output eject at once. HTTP 5xx
-ejects after `FIVE_XX_THRESHOLD` in a row, so that one request that makes every engine
-fail (a "poison" request) cannot eject the whole fleet. Any success resets the counts.
-A failed active probe ejects as well (an engine that is down is found without traffic).
+  re-admits it. The backoff (baseEjectionTime) doubles with each ejection not separated
+  by a successful request (a flapping endpoint stays out longer), capped at
+  maxEjectionTime. Failed probes of an ejected endpoint keep it out without growing the
+  backoff: it returns one probe interval after it recovers.
+- on trial (just re-admitted, or an attempt of it was judged stalled with no first byte
+  since it was sent): one attempt at a time until a first byte arrives (a half-open circuit), so an engine that answers
+  /health but never answers requests gets one request at a time, not a share of the
+  traffic, until consecutive failures eject it.
+Ejection (Envoy-style, traffic.outlierDetection): `consecutiveFailures` failed attempts in
+a row, or a failure share of at least `failureRatePercent` among the attempts of the last
+`interval` once there were `failureRateMinRequests` of them. Every failure kind counts
+(connection errors, timeouts, stalls, 5xx, invalid output, a stream that broke); any
+success resets the run. So one request that makes every engine fail (a "poison" request)
+adds one failure per engine and cannot eject the fleet while consecutiveFailures >= 2;
+and if most of a server's endpoints are out anyway, the panic threshold
+(endpoints/selection.py) routes to all of them rather than answer 503.
+A failed active probe ejects at once (an engine that is down is found without traffic).
+
+Stalls: every attempt is tracked from sending until its outcome (begin / first_byte /
+finish or abandon); see endpoints/outlier.py. An attempt judged stalled counts as one
+failure right then, and its later outcome is not counted again; an attempt the client
+gave up on after waiting past that threshold counts the same way. The first byte is the
+upstream's response head.
 """
 
 from __future__ import annotations
@@ -18,54 +33,54 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import TYPE_CHECKING
 
 import aiohttp
 
+from kthena_router.config.traffic import OutlierDetection
+from kthena_router.endpoints.outlier import WAITING, FailureWindow, Pending, StallTracker
+
 if TYPE_CHECKING:
     from kthena_router.endpoints.registry import EndpointState
 
 log = logging.getLogger(__name__)
 
-BASE_EJECT_S = 1.0
-MAX_EJECT_S = 30.0
-FIVE_XX_THRESHOLD = 3
-
-
-@dataclass(frozen=True, slots=True)
-class EjectionPolicy:
-    """Passive ejection: backoff doubles per consecutive ejection, capped."""
-
-    base_s: float = BASE_EJECT_S
-    max_s: float = MAX_EJECT_S
-    five_xx_threshold: int = FIVE_XX_THRESHOLD  # one bad request must not eject every engine
-
-
-DEFAULT_POLICY = EjectionPolicy()
+DEFAULT_OUTLIER = OutlierDetection()
 
 
 class Failure(str, Enum):
     CONNECT = "connect_error"
     TIMEOUT = "timeout"
+    STALLED = "stalled"  # waited far longer for the first byte than the endpoint's recent TTFT
     HTTP_5XX = "http_5xx"
     INVALID = "invalid_output"
     DIED = "died"  # connection lost after the first byte
 
 
 class EndpointHealth:
-    __slots__ = ("healthy", "ejected_until", "ejections", "consecutive_5xx", "on_change", "policy")
+    __slots__ = ("healthy", "ejected_until", "ejections", "consecutive", "window", "stall", "on_change",
+                 "policy", "on_stalled", "trial")
 
     def __init__(self, on_change: Callable[[bool], None] | None = None,
-                 policy: EjectionPolicy = DEFAULT_POLICY) -> None:
+                 policy: OutlierDetection = DEFAULT_OUTLIER) -> None:
         self.policy = policy
         self.healthy = True  # optimistic: the first request need not wait for a probe
         self.ejected_until = 0.0
         self.ejections = 0  # consecutive ejections, drives the backoff
-        self.consecutive_5xx = 0
+        self.consecutive = 0  # failed attempts in a row
+        self.window = FailureWindow(policy.interval_s)
+        self.stall = StallTracker()
         self.on_change = on_change
+        self.on_stalled: Callable[[int], None] | None = None  # attempts newly judged stalled (metric)
+        self.trial = False  # re-admitted, no first byte since: one attempt at a time
+
+    def set_policy(self, policy: OutlierDetection) -> None:
+        if policy != self.policy:
+            if policy.interval_s != self.policy.interval_s:
+                self.window = FailureWindow(policy.interval_s)
+            self.policy = policy
 
     def _set(self, healthy: bool) -> None:
         if healthy != self.healthy:
@@ -73,32 +88,100 @@ class EndpointHealth:
             if self.on_change is not None:
                 self.on_change(healthy)
 
-    def record_success(self) -> None:
-        self.consecutive_5xx = 0
+    # --- attempt outcomes -----------------------------------------------------------------
+
+    def record_success(self, now: float | None = None) -> None:
+        self.consecutive = 0
+        self.window.record(time.monotonic() if now is None else now, False)
         if self.healthy:
             self.ejections = 0
 
     def record_failure(self, kind: Failure, now: float | None = None) -> bool:
         """Passive observation; returns True if the endpoint got ejected by it."""
-        if kind is Failure.HTTP_5XX:
-            self.consecutive_5xx += 1
-            if self.consecutive_5xx < self.policy.five_xx_threshold:
+        now = time.monotonic() if now is None else now
+        self.consecutive += 1
+        self.window.record(now, True)
+        if not self.healthy:
+            return False
+        od = self.policy
+        if self.consecutive < od.consecutive_failures:
+            if od.failure_rate_percent is None:
                 return False
-        self.eject(time.monotonic() if now is None else now)
+            total, failed = self.window.counts(now)
+            if total < od.failure_rate_min_requests or failed * 100 < od.failure_rate_percent * total:
+                return False
+        self.eject(now)
         return True
 
     def eject(self, now: float) -> None:
-        self.consecutive_5xx = 0
+        self.consecutive = 0
+        self.window.clear()  # re-admitted endpoints start with a clean record
         if self.healthy or now >= self.ejected_until:
-            backoff = min(self.policy.base_s * (2 ** self.ejections), self.policy.max_s)
+            od = self.policy
+            backoff = min(od.base_ejection_s * (2 ** min(self.ejections, 30)), od.max_ejection_s)
             self.ejections += 1
             self.ejected_until = now + backoff
         self._set(False)
+
+    # --- attempts in flight (stall tracking) ----------------------------------------------
+
+    def begin(self, now: float | None = None) -> Pending:
+        """An attempt is sent now; pair with first_byte, then finish or abandon."""
+        return self.stall.begin(time.monotonic() if now is None else now)
+
+    def first_byte(self, p: Pending, now: float | None = None) -> None:
+        self.trial = False
+        self.stall.first_byte(p, time.monotonic() if now is None else now)
+
+    def finish(self, p: Pending, failure: Failure | None = None, now: float | None = None) -> None:
+        """The attempt's outcome (None: success), counted unless a stall already counted it."""
+        if self.stall.end(p) is False:
+            if failure is None:
+                self.record_success(now)
+            else:
+                self.record_failure(failure, now)
+
+    def abandon(self, p: Pending, now: float | None = None) -> None:
+        """The attempt ended without an outcome (the client left; no-op once finished).
+        Waiting past the stall threshold still counts as a stall."""
+        if p.state == WAITING:
+            now = time.monotonic() if now is None else now
+            od = self.policy
+            if now - p.start > self.stall.threshold(od.stall_factor, od.stall_min_s):
+                self.stall.end(p)
+                self._stalled(1, now, p.start > self.stall.last_progress)
+                return
+        self.stall.end(p)
+
+    def _stalled(self, n: int, now: float, no_progress: bool) -> None:
+        if no_progress:  # a slow attempt on an engine that answers others is not a reason
+            self.trial = True
+        if self.on_stalled is not None:
+            self.on_stalled(n)
+        for _ in range(n):
+            self.record_failure(Failure.STALLED, now)
+
+    def usable(self, now: float) -> bool:
+        """A candidate: not ejected, its in-flight attempts make progress, and not on trial
+        with an attempt out. Judges attempts that now count as stalled (each once)."""
+        stall = self.stall
+        if stall.waiting:
+            od = self.policy
+            n = stall.judge(now, od.stall_factor, od.stall_min_s)
+            if n:
+                progressing = stall.progressing()
+                self._stalled(n, now, not progressing)
+                if not progressing:
+                    return False
+        return self.healthy and stall.progressing() and not (self.trial and stall.waiting)
+
+    # --- active probe ---------------------------------------------------------------------
 
     def probe_result(self, ok: bool, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         if ok:
             if not self.healthy and now >= self.ejected_until:
+                self.trial = True
                 self._set(True)
         elif self.healthy:
             self.eject(now)

@@ -3,7 +3,13 @@
 Each endpoint address of the config is resolved (IP literals as is, DNS names through
 the event loop's getaddrinfo, every address returned becomes a target). Health objects
 are kept per "ip:port" key in the registry, so an endpoint that stays across a config
-reload or a DNS refresh keeps its health state; keys that disappear are dropped.
+reload or a DNS refresh keeps its health state; keys that disappear are dropped (and
+reported to `on_gone`, which prunes their metric children).
+
+Outlier-detection settings (traffic.outlierDetection, per ModelServer) apply per health
+object. An endpoint listed by several ModelServers has one health object (it is one
+engine), judged by the settings of the first of those servers in (namespace, name) order;
+each server still applies its own panic threshold to its endpoint set.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ import ssl
 from collections.abc import Callable, Iterable, Mapping
 
 from kthena_router.config.model import ModelServer, RouterConfig
-from kthena_router.endpoints.health import DEFAULT_POLICY, EjectionPolicy, EndpointHealth
+from kthena_router.config.traffic import DEFAULT_TRAFFIC, OutlierDetection, TrafficSettings
+from kthena_router.endpoints.health import EndpointHealth
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +74,12 @@ class EndpointRegistry:
     """Builds the per-server target lists; owns the per-key health objects (per worker)."""
 
     def __init__(self, on_health_change: Callable[[str, bool], None] | None = None,
-                 ejection: EjectionPolicy = DEFAULT_POLICY) -> None:
-        self._ejection = ejection
+                 traffic: TrafficSettings | Callable[[], TrafficSettings] = DEFAULT_TRAFFIC) -> None:
+        # the installed settings (a callable follows router-configuration reloads)
+        self._traffic = traffic if callable(traffic) else (lambda: traffic)
         self._health: dict[str, EndpointHealth] = {}
+        self.on_gone: Callable[[set[str]], None] | None = None  # keys that left the config
+        self.on_stalled: Callable[[str, int], None] | None = None  # (key, attempts judged stalled)
         self._dns: dict[str, list[str]] = {}  # name -> resolved IPs (last good answer)
         self._on_change = on_health_change
         self._insecure = ssl.create_default_context()
@@ -84,11 +94,18 @@ class EndpointRegistry:
         if self._on_change is not None:
             self._on_change(key, healthy)
 
-    def _health_of(self, key: str) -> EndpointHealth:
+    def _stalled(self, key: str, n: int) -> None:
+        if self.on_stalled is not None:
+            self.on_stalled(key, n)
+
+    def _health_of(self, key: str, policy: OutlierDetection) -> EndpointHealth:
         health = self._health.get(key)
         if health is None:
-            health = EndpointHealth(lambda ok, k=key: self._notify(k, ok), self._ejection)
+            health = EndpointHealth(lambda ok, k=key: self._notify(k, ok), policy)
+            health.on_stalled = lambda n, k=key: self._stalled(k, n)
             self._health[key] = health
+        else:
+            health.set_policy(policy)
         return health
 
     async def resolve_names(self, cfg: RouterConfig) -> None:
@@ -112,10 +129,13 @@ class EndpointRegistry:
         """Targets of every ModelServer of `cfg` (call resolve_names first for DNS names)."""
         out: dict[ServerKey, tuple[EndpointState, ...]] = {}
         live: set[str] = set()
-        for key, server in cfg.servers.items():
+        policies: dict[str, OutlierDetection] = {}  # endpoint key -> its (first) server's settings
+        traffic = self._traffic()
+        for key, server in sorted(cfg.servers.items()):
             scheme = "https" if server.protocol == "https" else "http"
             ssl_ctx = _ssl_for(server, self._insecure)
             label = f"{server.namespace}/{server.name}"
+            policy = traffic.for_server(server.namespace, server.name, None).outlier
             targets: list[EndpointState] = []
             seen: set[str] = set()
             for ep in cfg.endpoints_of(server):
@@ -127,12 +147,27 @@ class EndpointRegistry:
                         continue
                     seen.add(ep_key)
                     live.add(ep_key)
+                    health = self._health_of(ep_key, policies.setdefault(ep_key, policy))
                     targets.append(EndpointState(ep_key, ip, port, ep.address, scheme, ssl_ctx,
-                                                 self._health_of(ep_key), server.upstream_headers, label))
+                                                 health, server.upstream_headers, label))
             out[key] = tuple(targets)
-        for gone in set(self._health) - live:
-            del self._health[gone]
+        gone = set(self._health) - live
+        for key in gone:
+            del self._health[key]
+        if gone and self.on_gone is not None:
+            self.on_gone(gone)
         return out
+
+    def apply_policies(self, targets: Mapping[ServerKey, Iterable[EndpointState]]) -> None:
+        """Re-read the outlier settings (after a router-configuration reload), as build does."""
+        traffic = self._traffic()
+        done: set[str] = set()
+        for (ns, name), eps in sorted(targets.items()):
+            policy = traffic.for_server(ns, name, None).outlier
+            for ep in eps:
+                if ep.key not in done:
+                    done.add(ep.key)
+                    ep.health.set_policy(policy)
 
     def has_names(self, cfg: RouterConfig) -> bool:
         return any(not _is_ip(ep.address) for eps in cfg.endpoint_sets for ep in eps.endpoints)

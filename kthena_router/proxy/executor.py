@@ -21,6 +21,7 @@ from typing import Any
 
 from kthena_router.endpoints.balancer import Balancer
 from kthena_router.endpoints.health import Failure, HealthProber
+from kthena_router.endpoints.outlier import Pending
 from kthena_router.endpoints.registry import EndpointState
 from kthena_router.errors import RequestError
 from kthena_router.metrics import RouterMetrics
@@ -86,7 +87,7 @@ class Executor:
         idx = 0
         tried = 0
         for attempt in range(attempts):
-            ep = _next_healthy(candidates, idx)
+            ep = _next_candidate(candidates, idx)
             if ep is None:
                 break
             idx = candidates.index(ep) + 1
@@ -98,12 +99,16 @@ class Executor:
                     await asyncio.sleep(server.retry_interval_s)
             x.endpoint_label = ep.key
             tried += 1
-            last = await self._attempt(x, ep, head, tail, payload, info)
+            pending = ep.health.begin()  # stall tracking until the outcome is known
+            try:
+                last = await self._attempt(x, ep, head, tail, payload, info, pending)
+            except BaseException:
+                ep.health.abandon(pending)
+                raise
+            ep.health.finish(pending, None if last is None else last.failure)
             if last is None:
-                ep.health.record_success()
                 return
             self.metrics.upstream_error(x.server_label, ep.key, last.failure.value)
-            ep.health.record_failure(last.failure)
             if x.committed:  # the relay has ended the response
                 return
         if last is None:
@@ -113,7 +118,7 @@ class Executor:
         raise RequestError(502, f"upstream request failed ({last.detail}; {tried} attempt(s))", code=502)
 
     async def _attempt(self, x: Exchange, ep: EndpointState, head: bytes, tail: bytes, payload: bytes,
-                       info: Any) -> AttemptFailure | None:
+                       info: Any, pending: Pending) -> AttemptFailure | None:
         """One upstream attempt; None when a complete response went to the client."""
         balancer = self.balancer
         gauge = self.metrics.upstream(x.route_label, x.server_label, ep.key)
@@ -156,6 +161,7 @@ class Executor:
                                    code="pool_exhausted") from None
             except (UpstreamError, OSError) as exc:
                 return AttemptFailure(Failure.DIED, f"connection lost before the response ({type(exc).__name__})")
+            ep.health.first_byte(pending)
             status = resp.status
             if status >= 500:
                 try:
@@ -182,11 +188,13 @@ class Executor:
                 conn.close()
 
 
-def _next_healthy(candidates: list[EndpointState], start: int) -> EndpointState | None:
-    """The next candidate in cyclic order from `start` that is not ejected."""
+def _next_candidate(candidates: list[EndpointState], start: int) -> EndpointState | None:
+    """The next candidate in cyclic order from `start` that is still usable; if none is
+    (panic, or they all failed meanwhile), the next one anyway: a try beats a 503."""
     n = len(candidates)
+    now = time.monotonic()
     for i in range(n):
         ep = candidates[(start + i) % n]
-        if ep.health.healthy:
+        if ep.health.usable(now):
             return ep
-    return None
+    return candidates[start % n] if n else None

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from kthena_router._core import PrefixIndex, Scorer, prefix_seed
 from kthena_router.endpoints.registry import EndpointState, ServerKey
+from kthena_router.endpoints.selection import EndpointSelector
 from kthena_router.engine_state.snapshot import EndpointSnapshot
 from kthena_router.metrics import RouterMetrics
 
@@ -81,8 +82,9 @@ class Scheduler:
     needs_request_info = True
 
     def __init__(self, cfg: SchedulerSettings, metrics: RouterMetrics, *, hot_spot_abs: float = 64.0,
-                 hot_spot_rel: float = 1.5) -> None:
+                 hot_spot_rel: float = 1.5, selector: EndpointSelector | None = None) -> None:
         self.cfg = cfg
+        self.selector = selector if selector is not None else EndpointSelector()
         self.metrics = metrics
         self._filters = list(cfg.filters)
         self._scores = [(s.name, float(s.weight)) for s in cfg.scores]
@@ -186,7 +188,10 @@ class Scheduler:
     # --- the hot path --------------------------------------------------------------------
     def candidates(self, key: ServerKey, endpoints: Sequence[EndpointState],
                    info: RequestInfo | None = None) -> list[EndpointState]:
-        """Healthy endpoints, best first (at most MAX_CANDIDATES)."""
+        """Usable endpoints (endpoints/selection.py), best first (at most MAX_CANDIDATES).
+        An endpoint that is ejected or whose in-flight attempts make no progress is left
+        out however well it scores (prefix affinity must not pile onto a stalled engine);
+        in panic every ranked endpoint stays."""
         if not endpoints:
             return []
         view = self._views.get(key)
@@ -214,9 +219,13 @@ class Scheduler:
         ids = view.scorer.schedule(rid_hash, matches, lora_id, total)
         t2 = time.perf_counter()
         by_id = view.by_id
-        out = [ep for ep in map(by_id.get, ids) if ep is not None and ep.health.healthy]
-        if not out:  # every ranked one is ejected: any healthy endpoint still beats a 503
-            out = [ep for ep in endpoints if ep.health.healthy]
+        usable, panic = self.selector.usable(key, endpoints)
+        out = [ep for ep in map(by_id.get, ids) if ep is not None]
+        if not panic and len(usable) < len(endpoints):
+            ok = set(usable)
+            out = [ep for ep in out if ep in ok]
+        if not out:  # every ranked one is out: any usable endpoint still beats a 503
+            out = usable
         m = self.metrics
         if self.use_prefix:
             m.observe_plugin(model, "prefix-cache", "match", t1 - t0)

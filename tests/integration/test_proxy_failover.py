@@ -140,7 +140,9 @@ def test_failover_on_refused_connections(fo: harness.Router, simulator: harness.
     assert harness.metric_value(after, "kthena_router_upstream_errors_total", reason="connect_error") >= errs0
 
 
-def test_every_engine_failing_gives_502_then_503(fo: harness.Router, simulator: harness.Simulator) -> None:
+def test_every_engine_failing_gives_502_also_in_panic(fo: harness.Router, simulator: harness.Simulator) -> None:
+    """Every engine failing: 502. Once every endpoint is ejected (failed probes), the panic
+    threshold still routes to them (a 502 again, not a 503: a recovered engine would answer)."""
     for i in range(len(simulator.ports)):
         simulator.set_faults(i, error_rate=1.0, error_status=500)
     with httpx.Client(timeout=60) as http:
@@ -151,14 +153,25 @@ def test_every_engine_failing_gives_502_then_503(fo: harness.Router, simulator: 
         assert sum(simulator.received()) == 3  # 1 + 2 retries, one per engine
         for i in range(len(simulator.ports)):
             simulator.set_faults(i, refuse_connections=True)
+        harness.wait_until(lambda: _none_healthy(fo), 30, interval=0.2, what="every endpoint ejected")
+        panics0 = _panics(fo)
 
-        def unavailable() -> httpx.Response | None:
+        def panic_502() -> bool:
             resp = http.post(f"{fo.openai_url}/completions", json={"model": "demo", "prompt": "x", "max_tokens": 1})
-            assert resp.status_code in (502, 503), resp.text
-            return resp if resp.status_code == 503 else None
+            assert resp.status_code == 502 and resp.json()["error"]["code"] == 502, resp.text
+            assert "127.0.0.1" not in resp.text
+            return _panics(fo) > panics0
 
-        r = harness.wait_until(unavailable, 30, interval=0.2, what="503 once every endpoint is ejected")
-    assert r.json()["error"]["code"] == 503 and "127.0.0.1" not in r.text
+        harness.wait_until(panic_502, 30, interval=0.1, what="a request routed in panic")
+
+
+def _panics(router: harness.Router) -> float:
+    return harness.metric_value(harness.parse_metrics(router.metrics_text()), "kthena_router_panic_routing_total")
+
+
+def _none_healthy(router: harness.Router) -> bool:
+    fam = harness.parse_metrics(router.metrics_text()).get("kthena_router_endpoint_healthy")
+    return fam is not None and bool(fam.samples) and all(s.value == 0 for s in fam.samples)
 
 
 def test_every_engine_stalling_gives_504(fo: harness.Router, simulator: harness.Simulator) -> None:

@@ -30,6 +30,7 @@ scheduler:
     Score: {{enabled: [{{name: least-request, weight: 1}}]}}
 traffic:
   timeouts: {{response: 30s, firstToken: 30s, idle: 30s, poolWait: 1s}}
+  outlierDetection: {{baseEjectionTime: 200ms, maxEjectionTime: 500ms}}
   admission: {{maxInFlightPerWorker: {ADMISSION}, retryAfter: {RETRY_AFTER}s}}
   modelServers:
     short: {{timeouts: {{response: 2s, firstToken: 1s, idle: 1s}}, maxBufferedResponseBytes: 3000}}
@@ -69,8 +70,7 @@ def _start(work: Path, sim: harness.Simulator, name: str, *extra: str) -> harnes
     rc = work / f"{name}-router-config.yaml"
     rc.write_text(ROUTER_CONFIG)
     return harness.start_router(config, work, workers=1, extra_args=[
-        "--router-config", str(rc), "--health-probe-interval-s", "0.2", "--eject-base-s", "0.2",
-        "--eject-max-s", "0.5", *extra])
+        "--router-config", str(rc), "--health-probe-interval-s", "0.2", *extra])
 
 
 @pytest.fixture(scope="module")

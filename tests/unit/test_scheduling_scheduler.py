@@ -56,15 +56,22 @@ def fresh(s: Scheduler, eps: tuple[EndpointState, ...]) -> None:
         s.on_snapshot(snap(ep))
 
 
-def test_ownership_is_recorded_at_dispatch_not_at_completion():
-    s, m = sched(cfg("prefix-cache", "least-request"))
+def owned_prefix(s: Scheduler) -> tuple[tuple[EndpointState, ...], EndpointState]:
+    """Three busy engines (one more request is a small relative difference); request r1 was
+    dispatched to the first choice, which now holds the shared system prompt."""
     eps = endpoints(3)
     s.sync({KEY: eps})
-    for ep in eps:  # busy engines: one more request is a small relative difference
+    for ep in eps:
         s.on_snapshot(snap(ep, running=10))
     info = chat("r1", "q1")
     first = s.candidates(KEY, eps, info)[0]
-    s.dispatched(first, info)  # r1 still running: a request sharing its system prompt follows
+    s.dispatched(first, info)
+    return eps, first
+
+
+def test_ownership_is_recorded_at_dispatch_not_at_completion():
+    s, m = sched(cfg("prefix-cache", "least-request"))
+    eps, first = owned_prefix(s)  # r1 still running: a request sharing its system prompt follows
     for i in range(10):
         assert s.candidates(KEY, eps, chat(f"r2-{i}", "another question"))[0] is first
     ratios = [x for x in m.prefix_match_ratio.collect()[0].samples if x.name.endswith("_sum")]
@@ -262,3 +269,28 @@ def test_hot_spot_guard_decisions_are_counted_per_server():
     assert m.registry.get_sample_value(name, {"model_server": "default/demo"}) == 1.0
     s.on_snapshot(snap(eps[1], running=0))
     assert m.registry.get_sample_value(name, {"model_server": "default/demo"}) == 1.0
+
+
+def test_prefix_affinity_does_not_pile_onto_a_stalled_endpoint():
+    """The endpoint holding the prefix stops getting it once its in-flight attempt makes no
+    progress for max(stallMinimum, stallFactor x TTFT), although it is not ejected."""
+    import time
+
+    s, _ = sched(cfg("prefix-cache", "least-request"))
+    eps, owner = owned_prefix(s)
+    assert s.candidates(KEY, eps, chat("r2", "q2"))[0] is owner  # affinity
+    stall_min = owner.health.policy.stall_min_s
+    owner.health.begin(now=time.monotonic() - 2 * stall_min)  # r1's attempt: no byte for long
+    for i in range(20):
+        cands = s.candidates(KEY, eps, chat(f"r3-{i}", "q3"))
+        assert owner not in cands and len(cands) == 2
+    assert owner.health.healthy
+
+
+def test_panic_keeps_the_ranking_of_all_endpoints():
+    s, m = sched(cfg("least-request"))
+    eps = endpoints(3)
+    fresh(s, eps)
+    for ep in eps[:2]:
+        ep.health.eject(now=1e12)  # ejected for a long time: 1 of 3 usable, under 50%
+    assert sorted(e.key for e in s.candidates(KEY, eps, chat("r", "q"))) == sorted(e.key for e in eps)
