@@ -34,6 +34,8 @@ from kthena_router.endpoints.health import EjectionPolicy, HealthProber
 from kthena_router.endpoints.registry import EndpointRegistry
 from kthena_router.engine_state.scraper import EngineStateScraper
 from kthena_router.errors import error_response
+from kthena_router.gc_tuning import GcMonitor, freeze_startup_heap
+from kthena_router.loop_lag import LoopLagSampler
 from kthena_router.metrics import RouterMetrics, ensure_multiprocess
 from kthena_router.proxy.forward import Forwarder, Receive, Scope, Send
 from kthena_router.proxy.upstream import UpstreamPool
@@ -204,6 +206,8 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     prober = HealthProber(lambda: pool.session, all_targets, settings.health_probe_interval_s,
                           settings.health_probe_timeout_s)
     forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober)
+    gc_monitor = GcMonitor(metrics.registry)
+    loop_lag = LoopLagSampler(metrics.registry, on_tick=[gc_monitor.flush])
     applier = ConfigApplier(settings, holder, registry, metrics)
 
     def health_changed(key: str, healthy: bool) -> None:
@@ -241,9 +245,13 @@ def create_app(settings: RouterSettings | None = None) -> Any:
             tasks.append(loop.create_task(watcher.run()))
         tasks.append(loop.create_task(applier.refresh_dns_forever()))
         prober.start()
+        gc_monitor.start()
+        tasks.append(loop.create_task(loop_lag.run()))
+        freeze_startup_heap()  # last: everything built so far lives as long as the worker
         try:
             yield
         finally:
+            gc_monitor.stop()
             if watcher is not None:
                 watcher.stop()
             if scraper is not None:
