@@ -245,9 +245,9 @@ def create_app(settings: RouterSettings | None = None) -> Any:
             tasks.append(loop.create_task(watcher.run()))
         tasks.append(loop.create_task(applier.refresh_dns_forever()))
         prober.start()
-        gc_monitor.start()
         tasks.append(loop.create_task(loop_lag.run()))
-        freeze_startup_heap()  # last: everything built so far lives as long as the worker
+        freeze_startup_heap()  # everything built so far lives as long as the worker
+        gc_monitor.start()  # after the freeze's full collection: pauses while serving only
         try:
             yield
         finally:
