@@ -74,10 +74,12 @@ def _request_objects() -> collections.Counter[str]:
         if type(o).__qualname__ in _PER_REQUEST and type(o).__module__.startswith("kthena_router."))
 
 
-async def _measure(config: Path, runtime: Path, body: bytes, n: int, leave_early: bool,
+async def _measure(config: Path, body: bytes, n: int, leave_early: bool,
                    pause_s: float, **settings: Any) -> tuple[list[int], list[Any], int, collections.Counter[str]]:
     port = harness.free_port()
-    app = create_app(RouterSettings(config_path=str(config), runtime_dir=str(runtime), watch_config=False,
+    # No runtime_dir: prometheus_client keeps in-process values (a runtime dir would switch
+    # this whole test process to multiprocess files, which later tests' metrics continue).
+    app = create_app(RouterSettings(config_path=str(config), watch_config=False,
                                     **settings))
     server = Server(app, address=harness.HOST, port=port, interface=Interfaces.ASGI, http=HTTPModes.http1,
                     websockets=False, log_enabled=False)
@@ -127,7 +129,7 @@ def test_requests_leave_no_garbage(scenario: str, simulator: harness.Simulator, 
     gc.disable()
     try:
         statuses, garbage, growth, ours = uvloop.run(_measure(
-            config, tmp_path / "rt", body, n, leave_early, pause_s,
+            config, body, n, leave_early, pause_s,
             health_probe_interval_s=0.05, eject_base_s=0.05, eject_max_s=0.05))
     finally:
         gc.set_debug(0)
