@@ -37,6 +37,8 @@ from kthena_router.endpoints.registry import EndpointRegistry
 from kthena_router.endpoints.selection import EndpointSelector
 from kthena_router.engine_state.scraper import EngineStateScraper
 from kthena_router.errors import RequestError, error_response, send_error
+from kthena_router.gc_tuning import GcMonitor, freeze_startup_heap
+from kthena_router.loop_lag import LoopLagSampler
 from kthena_router.metrics import RouterMetrics, ensure_multiprocess
 from kthena_router.proxy.forward import Forwarder, Receive, Scope, Send
 from kthena_router.proxy.upstream import H1Pool, UpstreamPool
@@ -144,6 +146,8 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     applier.after_swap.append(pool_pruner(lambda: pool.h1))
     if reloader is not None:
         reloader.on_traffic = applier.set_traffic
+    gc_monitor = GcMonitor(metrics.registry)
+    loop_lag = LoopLagSampler(metrics.registry, on_tick=[gc_monitor.flush])
 
     def health_changed(key: str, healthy: bool) -> None:
         state = holder.current
@@ -189,9 +193,13 @@ def create_app(settings: RouterSettings | None = None) -> Any:
         await debug.start()
         if access_log is not None:
             access_log.start()
+        tasks.append(loop.create_task(loop_lag.run()))
+        freeze_startup_heap()  # everything built so far lives as long as the worker
+        gc_monitor.start()  # after the freeze's full collection: pauses while serving only
         try:
             yield
         finally:
+            gc_monitor.stop()
             await debug.close()
             for w in watchers:
                 w.stop()

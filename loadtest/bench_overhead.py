@@ -1,14 +1,21 @@
 """Router overhead benchmark: the same closed-loop load sent directly to the engines and
-through the router (and optionally through sglang-router / vllm-router).
+through routers: ours (one or more configurations) and optionally sglang-router /
+vllm-router.
 
-Starts a fast-mode simulator (3 engines) and the router on free loopback ports, then for
-each repeat x concurrency x target runs a warm-up phase and a measured phase of streamed
-chat requests (16 tokens). Reports req/s, latency and TTFT percentiles, the latency the
-router adds, the throughput ratio router/direct, and CPU-ms per request of each process
-tree (router = parent + granian workers). Medians over repeats.
+Starts a fast-mode simulator and the routers on free loopback ports (loadtest/procs.py),
+then for each repeat x mode (stream / plain) x concurrency x target runs a warm-up phase
+and a measured phase of chat requests (16 tokens). Targets are interleaved within each
+repeat, so that drift and foreign load hit all of them alike. Reports req/s, latency
+percentiles (p50 ... p99.9), the latency each router adds over direct (per repeat, then
+median and range), the throughput ratio and CPU-ms per request of each process tree.
 
-    python -m loadtest.bench_overhead [--workers 1] [--concurrency 1,64] [--requests 4000]
-        [--repeats 3] [--peer sglang|vllm|all] [--json PATH] [--markdown PATH]
+sglang-router runs with loadtest/nodelay_shim.c preloaded (TCP_NODELAY on its sockets;
+without it every streamed reply waits ~40 ms on Nagle), shown as target "sglang+nodelay";
+--no-nodelay-shim runs it as shipped.
+
+    python -m loadtest.bench_overhead [--workers 1] [--concurrency 1,64] [--modes stream,plain]
+        [--requests 4000 | --duration S] [--repeats 3] [--router NAME=ARGS ...]
+        [--peer sglang|vllm|all] [--sglang-policy P] [--vllm-policy P] [--json PATH] [--markdown PATH]
 """
 
 from __future__ import annotations
@@ -18,346 +25,30 @@ import asyncio
 import json
 import os
 import platform
-import shlex
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from loadtest.loadgen import LoadGen, chat_body, install_uvloop, summarize
+from loadtest.procs import HOST, Engines, Proc, StartError, busy_cpu_s, nodelay_shim, peer_available, \
+    start_peer, start_router, start_simulator, tree_cpu_s, tree_size
 
-HOST = "127.0.0.1"
-CHAT_PATH = "/v1/chat/completions"
-# urllib would honour *_proxy variables; everything here is loopback.
-_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def http(method: str, url: str, body: bytes | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, method=method)
-    if body is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with _HTTP.open(req, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-# ------------------------------------------------------------------- CPU of a process tree
-
-
-def _proc_stats() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, utime+stime+cutime+cstime in ticks) for every visible process."""
-    out = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue  # exited meanwhile
-        fields = raw[raw.rfind(b")") + 2 :].split()  # comm may hold spaces and parens
-        # fields[0] is field 3 (state): ppid = 4, utime..cstime = 14..17
-        out[int(d)] = (int(fields[1]), sum(int(x) for x in fields[11:15]))
-    return out
-
-
-def tree_cpu_s(roots: dict[str, int]) -> dict[str, float]:
-    """CPU seconds used so far by each root's whole process tree.
-
-    Includes cutime/cstime so that a descendant that exited and was reaped during the
-    window still counts (its time moves into its parent's cutime).
-    """
-    stats = _proc_stats()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    res = {}
-    for name, root in roots.items():
-        total, stack = 0, [root]
-        while stack:
-            pid = stack.pop()
-            if pid in stats:
-                total += stats[pid][1]
-                stack.extend(children.get(pid, ()))
-        res[name] = total / _CLK_TCK
-    return res
-
-
-def busy_cpu_s() -> float:
-    """CPU seconds the whole machine has spent busy (all CPUs, /proc/stat)."""
-    with open("/proc/stat") as f:
-        vals = [int(x) for x in f.readline().split()[1:]]
-    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
-    return (sum(vals[:8]) - idle) / _CLK_TCK
-
-
-def tree_size(root: int) -> int:
-    stats = _proc_stats()
-    n, stack = 0, [root]
-    while stack:
-        pid = stack.pop()
-        n += 1
-        stack.extend(p for p, (pp, _) in stats.items() if pp == pid)
-    return n
-
-
-# ----------------------------------------------------------------------------- processes
-
-
-class Proc:
-    """A child process in its own session, logs to files, stopped by its own id."""
-
-    def __init__(self, name: str, cmd: list[str], logdir: Path, env: dict | None = None):
-        self.name = name
-        self.cmd = cmd
-        self.out_path = logdir / f"{name}.out"
-        self.err_path = logdir / f"{name}.err"
-        self._out = open(self.out_path, "wb")
-        self._err = open(self.err_path, "wb")
-        self.popen = subprocess.Popen(
-            cmd, stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, start_new_session=True,
-        )
-        self.pid = self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        if self.alive():
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        # The group holds this process and its workers only (start_new_session above).
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.popen.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-        self._out.close()
-        self._err.close()
-
-    def tail(self, n: int = 30) -> str:
-        parts = []
-        for p in (self.out_path, self.err_path):
-            try:
-                lines = p.read_text(errors="replace").splitlines()[-n:]
-            except OSError:
-                continue
-            if lines:
-                parts.append(f"--- {p.name}\n" + "\n".join(lines))
-        return "\n".join(parts)
-
-
-class StartError(RuntimeError):
-    pass
-
-
-def wait_until(pred, proc: Proc, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise StartError(f"{proc.name} exited ({proc.popen.returncode}) before {what}\n{proc.tail()}")
-        try:
-            if pred():
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise StartError(f"{proc.name}: no {what} after {timeout_s:.0f}s\n{proc.tail()}")
-
-
-def start_simulator(a, logdir: Path, procs: list[Proc]) -> tuple[Proc, list[int], int]:
-    *ports, admin = free_ports(a.engines + 1)
-    cmd = [
-        sys.executable, "-m", "loadtest.simulator", "--engines", str(a.engines), "--fast",
-        "--host", HOST, "--ports", ",".join(map(str, ports)), "--admin-port", str(admin),
-        "--model", a.model, *shlex.split(a.sim_args),
-    ]
-    p = Proc("simulator", cmd, logdir)
-    procs.append(p)
-
-    def ready() -> bool:
-        for line in p.out_path.read_text(errors="replace").splitlines():
-            if line.startswith("{") and json.loads(line).get("ready"):
-                return True
-        return False
-
-    wait_until(ready, p, a.start_timeout, "ready line")
-    return p, ports, admin
-
-
-def router_config(model: str, engine_ports: list[int]) -> str:
-    eps = "\n".join(
-        f"  - {{address: {HOST}, port: {port}, labels: {{app: bench}}}}" for port in engine_ports
-    )
-    return f"""\
-apiVersion: networking.serving.volcano.sh/v1alpha1
-kind: ModelRoute
-metadata: {{name: bench, namespace: default}}
-spec:
-  modelName: {model}
-  rules:
-  - name: all
-    targetModels:
-    - modelServerName: bench
----
-apiVersion: networking.serving.volcano.sh/v1alpha1
-kind: ModelServer
-metadata: {{name: bench, namespace: default}}
-spec:
-  model: {model}
-  inferenceEngine: vLLM
-  workloadSelector:
-    matchLabels: {{app: bench}}
-  workloadPort: {{port: {engine_ports[0]}, protocol: http}}
----
-apiVersion: router.kthena.io/v1alpha1
-kind: Endpoints
-metadata: {{name: bench-engines, namespace: default}}
-spec:
-  endpoints:
-{eps}
-"""
-
-
-def probe_chat(url: str, model: str) -> bool:
-    body = chat_body(model, max_tokens=2)
-    status, data = http("POST", url + CHAT_PATH, body, timeout=5)
-    return status == 200 and b"[DONE]" in data
-
-
-def start_router(a, logdir: Path, engine_ports: list[int], procs: list[Proc]) -> tuple[Proc, str]:
-    port, admin = free_ports(2)
-    cfg = logdir / "router.yaml"
-    cfg.write_text(router_config(a.model, engine_ports))
-    cmd = [
-        sys.executable, "-m", "kthena_router.cli", "--config", str(cfg), "--host", HOST,
-        "--port", str(port), "--admin-host", HOST, "--admin-port", str(admin),
-        "--workers", str(a.workers), "--log-level", "warning", *shlex.split(a.router_args),
-    ]
-    p = Proc("router", cmd, logdir)
-    procs.append(p)
-    url = f"http://{HOST}:{port}"
-    wait_until(lambda: http("GET", f"http://{HOST}:{admin}/readyz")[0] == 200, p, a.start_timeout, "/readyz 200")
-    wait_until(lambda: probe_chat(url, a.model), p, a.start_timeout, "successful chat request")
-    return p, url
-
-
-_PEER_ENV = {  # nothing may leave the machine (sglang-router fetches tokenizers otherwise)
-    "HF_HUB_OFFLINE": "1",
-    "HF_ENDPOINT": "http://127.0.0.1:9",
-    "NO_PROXY": "127.0.0.1,localhost",
-    "no_proxy": "127.0.0.1,localhost",
-}
-
-
-def peer_available(name: str) -> str | None:
-    """None when usable, else why not."""
-    if name == "sglang":
-        import importlib.util
-
-        return None if importlib.util.find_spec("sglang_router") else "sglang-router not installed"
-    exe = Path(sys.executable).parent / "vllm-router"
-    return None if exe.exists() or shutil.which("vllm-router") else "vllm-router not installed"
-
-
-def start_peer(name: str, a, logdir: Path, engine_ports: list[int], procs: list[Proc]) -> tuple[Proc, str]:
-    port, prom = free_ports(2)
-    workers = [f"http://{HOST}:{p}" for p in engine_ports]
-    common = [
-        "--host", HOST, "--port", str(port), "--worker-urls", *workers,
-        "--policy", a.peer_policy, "--prometheus-port", str(prom), "--prometheus-host", HOST,
-    ]
-    if name == "sglang":
-        cmd = [sys.executable, "-m", "sglang_router.launch_router", *common, "--log-level", "warn"]
-    else:
-        exe = Path(sys.executable).parent / "vllm-router"
-        cmd = [
-            str(exe) if exe.exists() else "vllm-router", *common, "--log-level", "warning",
-            "--worker-startup-check-interval", "1",
-        ]
-    p = Proc(f"{name}-router", cmd, logdir, env=_PEER_ENV)
-    procs.append(p)
-    url = f"http://{HOST}:{port}"
-    wait_until(lambda: probe_chat(url, a.model), p, a.start_timeout, "successful chat request")
-    return p, url
-
-
-# ------------------------------------------------------------------------- engine counts
-
-
-class Engines:
-    def __init__(self, admin_port: int):
-        self.base = f"http://{HOST}:{admin_port}/admin/engines"
-        status, data = http("GET", self.base)
-        if status != 200:
-            raise StartError(f"simulator admin: HTTP {status}")
-        self.indexes = [e["index"] for e in json.loads(data)]
-
-    def reset(self) -> None:
-        for i in self.indexes:
-            http("POST", f"{self.base}/{i}/requests/reset", b"{}")
-
-    def chat_counts(self) -> dict[str, int]:
-        """Chat requests the engines saw since reset, by final status (settles briefly)."""
-        last: dict[str, int] = {}
-        for _ in range(20):
-            counts: dict[str, int] = {}
-            for i in self.indexes:
-                status, data = http("GET", f"{self.base}/{i}/requests")
-                if status != 200:
-                    continue
-                for entry in json.loads(data).get("log", []):
-                    if entry.get("path") == CHAT_PATH:
-                        st = entry.get("status", "?")
-                        counts[st] = counts.get(st, 0) + 1
-            if counts == last:
-                return counts
-            last = counts
-            time.sleep(0.1)
-        return last
+MODES = ("stream", "plain")
+PCTS = ("p50", "p90", "p99", "p999")
 
 
 # --------------------------------------------------------------------------------- cells
 
 
-async def run_cell(a, target: str, urls: list[str], conc: int, roots: dict[str, int],
+async def run_cell(a, target: str, mode: str, urls: list[str], conc: int, roots: dict[str, int],
                    engines: Engines) -> dict:
     engines.reset()
-    gen = LoadGen(urls, conc, body=chat_body(a.model, a.max_tokens), client=a.client,
-                  timeout_s=a.request_timeout)
+    gen = LoadGen(urls, conc, body=chat_body(a.model, a.max_tokens, stream=mode == "stream"),
+                  client=a.client, timeout_s=a.request_timeout)
     try:
         # Enough warm-up for every worker to open its connection to every target.
         n_warm = max(a.warmup, 3 * conc * len(urls))
@@ -381,7 +72,7 @@ async def run_cell(a, target: str, urls: list[str], conc: int, roots: dict[str, 
     cell["warmup_requests"] = len(warm.samples)
     cell["warmup_ok"] = sum(s.ok for s in warm.samples)
     cell["engine_chat_requests"] = engines.chat_counts()
-    return {"target": target, "concurrency": conc, **cell}
+    return {"target": target, "mode": mode, "concurrency": conc, **cell}
 
 
 def _median(vals: list) -> float | None:
@@ -389,61 +80,84 @@ def _median(vals: list) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def aggregate(cells: list[dict], targets: list[str], concs: list[int]) -> dict:
+def _cells(cells: list[dict], t: str, mode: str, c: int) -> list[dict]:
+    return [x for x in cells if x["target"] == t and x["mode"] == mode and x["concurrency"] == c]
+
+
+def aggregate(cells: list[dict], targets: list[str], modes: list[str], concs: list[int]) -> dict:
+    """target -> mode -> concurrency -> medians over repeats."""
     out: dict = {}
     for t in targets:
-        for c in concs:
-            rs = [x for x in cells if x["target"] == t and x["concurrency"] == c]
-            if not rs:
-                continue
-            agg = {
-                "repeats": len(rs),
-                "rps": _median([x["rps"] for x in rs]),
-                "latency_ms": {k: _median([x["latency_ms"][k] for x in rs]) for k in ("p50", "p90", "p99")},
-                "ttft_ms": {k: _median([x["ttft_ms"][k] for x in rs]) for k in ("p50", "p90", "p99")},
-                "cpu_ms_per_req": {
-                    k: _median([x["cpu_ms_per_req"][k] for x in rs]) for k in rs[0]["cpu_ms_per_req"]
-                },
-                "errors": sum(x["errors"] for x in rs),
-                "foreign_cpu_cores_max": max(x["foreign_cpu_cores"] for x in rs),
-            }
-            out.setdefault(t, {})[str(c)] = agg
+        for m in modes:
+            for c in concs:
+                rs = _cells(cells, t, m, c)
+                if not rs:
+                    continue
+                out.setdefault(t, {}).setdefault(m, {})[str(c)] = {
+                    "repeats": len(rs),
+                    "rps": _median([x["rps"] for x in rs]),
+                    "latency_ms": {k: _median([x["latency_ms"][k] for x in rs]) for k in PCTS},
+                    "ttft_ms": {k: _median([x["ttft_ms"][k] for x in rs]) for k in PCTS},
+                    "cpu_ms_per_req": {
+                        k: _median([x["cpu_ms_per_req"][k] for x in rs]) for k in rs[0]["cpu_ms_per_req"]
+                    },
+                    "errors": sum(x["errors"] for x in rs),
+                    "foreign_cpu_cores_max": max(x["foreign_cpu_cores"] for x in rs),
+                }
     return out
 
 
-def compare(summary: dict, concs: list[int]) -> dict:
-    """Each router against direct: added latency, throughput ratio, its CPU per request."""
+def _added(cells: list[dict], t: str, mode: str, c: int, key: str, pct: str) -> list[float]:
+    """Per repeat: the target's percentile minus direct's in the same repeat."""
+    direct = {x["repeat"]: x for x in _cells(cells, "direct", mode, c)}
+    out = []
+    for x in _cells(cells, t, mode, c):
+        d = direct.get(x["repeat"])
+        if d is not None and x[key][pct] is not None and d[key][pct] is not None:
+            out.append(x[key][pct] - d[key][pct])
+    return out
+
+
+def compare(cells: list[dict], summary: dict, modes: list[str], concs: list[int]) -> dict:
+    """Each router against direct, per mode: added latency (median and range over
+    repeats), throughput ratio, its CPU per request."""
     direct = summary.get("direct", {})
-    out = {}
-    for t, per_c in summary.items():
+    out: dict = {}
+    for t, per_mode in summary.items():
         if t == "direct":
             continue
-        rows = {}
-        for c in concs:
-            r, d = per_c.get(str(c)), direct.get(str(c))
-            if not r or not d:
+        for m in modes:
+            rows = {}
+            for c in concs:
+                r, d = per_mode.get(m, {}).get(str(c)), direct.get(m, {}).get(str(c))
+                if not r or not d:
+                    continue
+                row: dict = {}
+                for pct in ("p50", "p99", "p999"):
+                    runs = _added(cells, t, m, c, "latency_ms", pct)
+                    row[f"added_{pct}_ms"] = _median(runs)
+                    row[f"added_{pct}_ms_runs"] = runs
+                row["added_ttft_p50_ms"] = _median(_added(cells, t, m, c, "ttft_ms", "p50"))
+                row["throughput_ratio"] = r["rps"] / d["rps"] if d["rps"] else None
+                row["cpu_ms_per_req"] = r["cpu_ms_per_req"].get(t)
+                rows[str(c)] = row
+            if not rows:
                 continue
-            rows[str(c)] = {
-                "added_p50_ms": r["latency_ms"]["p50"] - d["latency_ms"]["p50"],
-                "added_p99_ms": r["latency_ms"]["p99"] - d["latency_ms"]["p99"],
-                "added_ttft_p50_ms": r["ttft_ms"]["p50"] - d["ttft_ms"]["p50"],
-                "throughput_ratio": r["rps"] / d["rps"] if d["rps"] else None,
-                "cpu_ms_per_req": r["cpu_ms_per_req"].get(t),
+            lo, hi = str(min(concs)), str(max(concs))
+            head = {
+                f"added_p50_ms_at_c{lo}": rows.get(lo, {}).get("added_p50_ms"),
+                f"added_p99_ms_at_c{lo}": rows.get(lo, {}).get("added_p99_ms"),
+                f"added_p99_ms_at_c{hi}": rows.get(hi, {}).get("added_p99_ms"),
+                f"throughput_ratio_at_c{hi}": rows.get(hi, {}).get("throughput_ratio"),
+                f"cpu_ms_per_req_at_c{lo}": rows.get(lo, {}).get("cpu_ms_per_req"),
+                f"cpu_ms_per_req_at_c{hi}": rows.get(hi, {}).get("cpu_ms_per_req"),
             }
-        lo, hi = str(min(concs)), str(max(concs))
-        head = {
-            f"added_p50_ms_at_c{lo}": rows.get(lo, {}).get("added_p50_ms"),
-            f"added_p99_ms_at_c{lo}": rows.get(lo, {}).get("added_p99_ms"),
-            f"throughput_ratio_at_c{hi}": rows.get(hi, {}).get("throughput_ratio"),
-            f"cpu_ms_per_req_at_c{lo}": rows.get(lo, {}).get("cpu_ms_per_req"),
-            f"cpu_ms_per_req_at_c{hi}": rows.get(hi, {}).get("cpu_ms_per_req"),
-        }
-        out[t] = {"headline": head, "by_concurrency": rows}
+            out.setdefault(t, {})[m] = {"headline": head, "by_concurrency": rows}
     return out
 
 
 def goals(comparison: dict, concs: list[int]) -> dict:
-    r = comparison.get("router")
+    r = comparison.get("router", {}).get("stream")
     if not r or 1 not in concs:
         return {}
     head, rows = r["headline"], r["by_concurrency"]
@@ -463,26 +177,53 @@ def _f(v, nd=2) -> str:
     return "-" if v is None else f"{v:.{nd}f}"
 
 
-def table(summary: dict, comparison: dict, markdown: bool = False) -> str:
-    head = ["target", "conc", "req/s", "p50 ms", "p90 ms", "p99 ms", "ttft p50", "ttft p99",
-            "cpu ms/req (target)", "sim cpu ms/req", "loadgen cpu ms/req", "errors",
-            "foreign cores"]
+def _range(row: dict | None, key: str) -> str:
+    """"median (min..max)" over repeats."""
+    if not row or row.get(key) is None:
+        return "-"
+    runs = row.get(f"{key}_runs") or []
+    if len(runs) < 2:
+        return _f(row[key], 2)
+    return f"{_f(row[key], 2)} ({_f(min(runs), 2)}..{_f(max(runs), 2)})"
+
+
+def headline_table(comparison: dict, concs: list[int], markdown: bool = False) -> str:
+    """The issue's overhead table: added p50 at the lowest concurrency (stream), added p99
+    at the lowest and highest (plain and stream), CPU per streamed request at the highest."""
+    lo, hi = str(min(concs)), str(max(concs))
+    head = ["router", f"added p50 c={lo} stream", f"added p99 c={lo} stream", f"added p99 c={hi} plain",
+            f"added p99 c={hi} stream", f"added p99.9 c={hi} stream", f"cpu ms/req c={hi} stream"]
     rows = []
-    for t, per_c in summary.items():
-        for c, s in per_c.items():
-            cpu = s["cpu_ms_per_req"]
-            rows.append([
-                t, c, _f(s["rps"], 0), _f(s["latency_ms"]["p50"], 3), _f(s["latency_ms"]["p90"], 3),
-                _f(s["latency_ms"]["p99"], 3), _f(s["ttft_ms"]["p50"], 3), _f(s["ttft_ms"]["p99"], 3),
-                _f(cpu.get(t), 3) if t != "direct" else "-", _f(cpu.get("simulator"), 3),
-                _f(cpu.get("loadgen"), 3), str(s["errors"]), _f(s["foreign_cpu_cores_max"]),
-            ])
-    head2 = ["router", "conc", "added p50 ms", "added p99 ms", "added ttft p50 ms",
+    for t, per_mode in comparison.items():
+        s = per_mode.get("stream", {}).get("by_concurrency", {})
+        p = per_mode.get("plain", {}).get("by_concurrency", {})
+        rows.append([t, _range(s.get(lo), "added_p50_ms"), _range(s.get(lo), "added_p99_ms"),
+                     _range(p.get(hi), "added_p99_ms"), _range(s.get(hi), "added_p99_ms"),
+                     _range(s.get(hi), "added_p999_ms"), _f((s.get(hi) or {}).get("cpu_ms_per_req"), 3)])
+    return _render(head, rows, markdown)
+
+
+def table(summary: dict, comparison: dict, markdown: bool = False) -> str:
+    head = ["target", "mode", "conc", "req/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "ttft p50", "ttft p99",
+            "cpu ms/req (target)", "sim cpu ms/req", "loadgen cpu ms/req", "errors", "foreign cores"]
+    rows = []
+    for t, per_mode in summary.items():
+        for m, per_c in per_mode.items():
+            for c, s in per_c.items():
+                cpu, lat = s["cpu_ms_per_req"], s["latency_ms"]
+                rows.append([
+                    t, m, c, _f(s["rps"], 0), _f(lat["p50"], 3), _f(lat["p90"], 3), _f(lat["p99"], 3),
+                    _f(lat["p999"], 3), _f(s["ttft_ms"]["p50"], 3), _f(s["ttft_ms"]["p99"], 3),
+                    _f(cpu.get(t), 3) if t != "direct" else "-", _f(cpu.get("simulator"), 3),
+                    _f(cpu.get("loadgen"), 3), str(s["errors"]), _f(s["foreign_cpu_cores_max"]),
+                ])
+    head2 = ["router", "mode", "conc", "added p50 ms", "added p99 ms", "added p99.9 ms", "added ttft p50 ms",
              "throughput ratio", "cpu ms/req"]
     rows2 = [
-        [t, c, _f(v["added_p50_ms"], 3), _f(v["added_p99_ms"], 3), _f(v["added_ttft_p50_ms"], 3),
-         _f(v["throughput_ratio"], 3), _f(v["cpu_ms_per_req"], 3)]
-        for t, cmp in comparison.items() for c, v in cmp["by_concurrency"].items()
+        [t, m, c, _range(v, "added_p50_ms"), _range(v, "added_p99_ms"), _range(v, "added_p999_ms"),
+         _f(v["added_ttft_p50_ms"], 3), _f(v["throughput_ratio"], 3), _f(v["cpu_ms_per_req"], 3)]
+        for t, per_mode in comparison.items() for m, cmp in per_mode.items()
+        for c, v in cmp["by_concurrency"].items()
     ]
     return _render(head, rows, markdown) + "\n\n" + _render(head2, rows2, markdown)
 
@@ -522,19 +263,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=1, help="router (granian) workers")
     p.add_argument("--concurrency", default="1,64", help="comma-separated list")
+    p.add_argument("--modes", default="stream", help="comma-separated: stream, plain (non-streamed)")
     p.add_argument("--requests", type=int, help="measured requests per cell (default 4000 "
                    "unless --duration is given; with both, the first reached ends the cell)")
     p.add_argument("--duration", type=float, help="measured seconds per cell")
     p.add_argument("--warmup", type=int, default=200, help="warm-up requests per cell (at least C)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--router", action="append", default=[], metavar="NAME=ARGS",
+                   help="one of our routers with extra CLI arguments, e.g. "
+                        "'prefix=--router-config configs/scheduling/prefix-cache.yaml' (repeatable; "
+                        "default: one named 'router' with --router-args)")
+    p.add_argument("--router-args", default="", help="extra arguments of the default router")
     p.add_argument("--peer", choices=["none", "sglang", "vllm", "all"], default="none")
-    p.add_argument("--peer-policy", default="round_robin", help="our router is round-robin in step 1")
+    p.add_argument("--peer-policy", default="round_robin", help="default policy of both peers")
+    p.add_argument("--sglang-policy", help="sglang-router's policy (default --peer-policy)")
+    p.add_argument("--vllm-policy", help="vllm-router's policy (default --peer-policy)")
+    p.add_argument("--no-nodelay-shim", dest="nodelay_shim", action="store_false",
+                   help="run sglang-router without the TCP_NODELAY preload shim")
     p.add_argument("--engines", type=int, default=3)
     p.add_argument("--model", default="demo")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--client", choices=["raw", "aiohttp"], default="raw", help="load generator client")
     p.add_argument("--sim-args", default="", help="extra simulator arguments")
-    p.add_argument("--router-args", default="", help="extra router arguments")
     p.add_argument("--request-timeout", type=float, default=30.0)
     p.add_argument("--cell-timeout", type=float, default=600.0)
     p.add_argument("--start-timeout", type=float, default=60.0)
@@ -545,48 +295,73 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.requests is None and a.duration is None:
         a.requests = 4000
     a.concs = sorted({int(x) for x in a.concurrency.split(",") if x.strip()})
+    a.mode_list = [m for m in MODES if m in {x.strip() for x in a.modes.split(",")}]
+    if not a.mode_list:
+        p.error(f"--modes: choose from {', '.join(MODES)}")
+    routers = {}
+    for spec in a.router or [f"router={a.router_args}"]:
+        name, sep, args = spec.partition("=")
+        if not sep or not name or name == "direct" or name in routers:
+            p.error(f"--router {spec!r}: want a unique NAME=ARGS (NAME not 'direct')")
+        routers[name] = args
+    a.routers = routers
     return a
 
 
 async def bench(a, logdir: Path, procs: list[Proc]) -> dict:
-    sim, ports, admin = start_simulator(a, logdir, procs)
+    load0 = os.getloadavg()
+    sim, ports, admin = start_simulator(a.engines, a.model, a.sim_args, logdir, procs, a.start_timeout)
     engines = Engines(admin)
-    routers: dict[str, tuple[Proc, str]] = {"router": start_router(a, logdir, ports, procs)}
-    skipped = {}
+    routers: dict[str, tuple[Proc, str]] = {
+        name: start_router(name, a.model, a.workers, args, logdir, ports, procs, a.start_timeout)
+        for name, args in a.routers.items()
+    }
+    skipped, peers = {}, {}
     for peer in {"none": [], "all": ["sglang", "vllm"]}.get(a.peer, [a.peer]):
         why = peer_available(peer)
         if why:
             print(f"skipping {peer}: {why}", file=sys.stderr)
             skipped[peer] = why
             continue
-        routers[peer] = start_peer(peer, a, logdir, ports, procs)
+        policy = (a.sglang_policy if peer == "sglang" else a.vllm_policy) or a.peer_policy
+        shim = nodelay_shim() if peer == "sglang" and a.nodelay_shim else None
+        name = f"{peer}+nodelay" if shim else peer
+        routers[name] = start_peer(peer, policy, a.model, logdir, ports, procs, a.start_timeout, preload=shim)
+        peers[name] = {"policy": policy, "ld_preload": str(shim) if shim else None}
     roots = {"simulator": sim.pid, **{name: p.pid for name, (p, _) in routers.items()}}
     direct = [f"http://{HOST}:{p}" for p in ports]
     targets = {"direct": direct, **{name: [url] for name, (_, url) in routers.items()}}
-    router_procs = tree_size(routers["router"][0].pid)
+    tree_sizes = {name: tree_size(routers[name][0].pid) for name in a.routers}
 
     cells = []
     for rep in range(a.repeats):
-        for c in a.concs:
-            for t, urls in targets.items():  # interleaved, so that drift hits all targets alike
-                cell = await run_cell(a, t, urls, c, roots, engines)
-                cell["repeat"] = rep
-                cells.append(cell)
-                print(
-                    f"[{rep}] {t:>8} c={c:<3} {cell['rps']:8.0f} req/s  p50 {_f(cell['latency_ms']['p50'], 3)} ms"
-                    f"  p99 {_f(cell['latency_ms']['p99'], 3)} ms  cpu {_f(cell['cpu_ms_per_req'].get(t), 3)}"
-                    f" ms/req  errors {cell['errors']}  foreign load {cell['foreign_cpu_cores']:.2f} cores",
-                    file=sys.stderr,
-                )
-    summary = aggregate(cells, list(targets), a.concs)
-    comparison = compare(summary, a.concs)
+        for m in a.mode_list:
+            for c in a.concs:
+                for t, urls in targets.items():  # interleaved, so that drift hits all targets alike
+                    cell = await run_cell(a, t, m, urls, c, roots, engines)
+                    cell["repeat"] = rep
+                    cells.append(cell)
+                    lat = cell["latency_ms"]
+                    print(
+                        f"[{rep}] {t:>14} {m:>6} c={c:<3} {cell['rps']:8.0f} req/s  p50 {_f(lat['p50'], 3)}"
+                        f"  p99 {_f(lat['p99'], 3)}  p99.9 {_f(lat['p999'], 3)} ms"
+                        f"  cpu {_f(cell['cpu_ms_per_req'].get(t), 3)} ms/req  errors {cell['errors']}"
+                        f"  foreign load {cell['foreign_cpu_cores']:.2f} cores",
+                        file=sys.stderr,
+                    )
+    summary = aggregate(cells, list(targets), a.mode_list, a.concs)
+    comparison = compare(cells, summary, a.mode_list, a.concs)
     return {
         "meta": {
             "machine": machine_info(),
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
-            "router_process_tree_size": router_procs,
+            "router_process_tree_size": tree_sizes.get("router", max(tree_sizes.values())),
+            "router_process_tree_sizes": tree_sizes,
+            "peers": peers,
             "skipped_peers": skipped,
             "loadgen_client": a.client,
+            "loadavg_start": load0,
+            "loadavg_end": os.getloadavg(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         },
         "cells": cells,
@@ -625,20 +400,24 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(logdir, ignore_errors=True)
 
-    text = table(result["summary"], result["comparison"])
-    print(text)
+    summary, comparison = result["summary"], result["comparison"]
+    print(table(summary, comparison) + "\n\n" + headline_table(comparison, a.concs))
+    for name, info in result["meta"]["peers"].items():
+        if info["ld_preload"]:
+            print(f"{name}: policy {info['policy']}, LD_PRELOAD={info['ld_preload']} (loadtest/nodelay_shim.c)")
     foreign = max((c["foreign_cpu_cores"] for c in result["cells"]), default=0.0)
     if foreign > 0.25:
         print(f"warning: other processes used up to {foreign:.2f} CPU cores during a measured "
               "phase: latency and throughput figures are skewed", file=sys.stderr)
     print(json.dumps({"goals": result["goals"], "headline": {
-        t: v["headline"] for t, v in result["comparison"].items()}}, indent=2))
+        t: {m: v["headline"] for m, v in per_mode.items()} for t, per_mode in comparison.items()}}, indent=2))
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(result, indent=2))
     if a.markdown:
         a.markdown.parent.mkdir(parents=True, exist_ok=True)
-        a.markdown.write_text(table(result["summary"], result["comparison"], markdown=True) + "\n")
+        a.markdown.write_text(table(summary, comparison, markdown=True) + "\n\n"
+                              + headline_table(comparison, a.concs, markdown=True) + "\n")
     return 0
 
 

@@ -35,12 +35,13 @@ _CONTENT_RE = re.compile(rb'"content":\s?"(?!")')
 _DONE = b"data: [DONE]"
 
 
-def chat_body(model: str = "demo", max_tokens: int = 16, prompt: str = "Say hello.") -> bytes:
+def chat_body(model: str = "demo", max_tokens: int = 16, prompt: str = "Say hello.",
+              stream: bool = True) -> bytes:
     return json.dumps(
         {
             "model": model,
             "messages": [{"role": "user", "content": prompt}],
-            "stream": True,
+            "stream": stream,
             "max_tokens": max_tokens,
         },
         separators=(",", ":"),
@@ -247,10 +248,14 @@ def _raw_request(target: Target, path: str, body: bytes) -> bytes:
     ).encode() + body
 
 
-def _judge(status: int, body: bytes | bytearray) -> tuple[bool, int, str | None]:
+def _judge(status: int, body: bytes | bytearray, sse: bool = True) -> tuple[bool, int, str | None]:
     events = body.count(b"data:")
     if status != 200:
         return False, events, f"HTTP {status}: {bytes(body[:200])!r}"
+    if not sse:  # a whole JSON reply
+        if not body.startswith(b"{") or b'"choices"' not in body:
+            return False, events, f"not a completion: {bytes(body[:200])!r}"
+        return True, events, None
     if not body.rstrip().endswith(_DONE):
         return False, events, f"no [DONE]: {bytes(body[-200:])!r}"
     return True, events, None
@@ -259,6 +264,7 @@ def _judge(status: int, body: bytes | bytearray) -> tuple[bool, int, str | None]
 class _RawClient:
     def __init__(self, targets: list[Target], path: str, body: bytes, timeout_s: float):
         self.targets = targets
+        self.sse = _wants_sse(body)
         self.reqs = [_raw_request(t, path, body) for t in targets]
         self.timeout_s = timeout_s
 
@@ -286,7 +292,7 @@ class _RawClient:
             state.pop(idx, None)
             return Sample(False, perf_counter() - t0, float("nan"), 0, 0, repr(e)[:300])
         t1 = perf_counter()
-        ok, events, err = _judge(status, body)
+        ok, events, err = _judge(status, body, self.sse)
         return Sample(ok, t1 - t0, t_first - t0, events, status, err)
 
     async def close(self, states: list[dict]) -> None:
@@ -294,6 +300,13 @@ class _RawClient:
             for conn in st.values():
                 if conn.transport is not None:
                     conn.transport.close()
+
+
+def _wants_sse(body: bytes) -> bool:
+    try:
+        return bool(json.loads(body).get("stream"))
+    except (ValueError, AttributeError):
+        return True
 
 
 def _expire(fut: asyncio.Future, conn: _RawConn) -> None:
@@ -313,6 +326,7 @@ class _AiohttpClient:
         self._aiohttp = aiohttp
         self.urls = [f"http://{t.host}:{t.port}{path}" for t in targets]
         self.body = body
+        self.sse = _wants_sse(body)
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         # limit=0: one pooled keep-alive connection per busy worker, no queueing in the pool.
         self.session = aiohttp.ClientSession(
@@ -338,7 +352,7 @@ class _AiohttpClient:
         except (OSError, self._aiohttp.ClientError, asyncio.TimeoutError) as e:
             return Sample(False, perf_counter() - t0, float("nan"), 0, 0, repr(e)[:300])
         t1 = perf_counter()
-        ok, events, err = _judge(status, body)
+        ok, events, err = _judge(status, body, self.sse)
         return Sample(ok, t1 - t0, t_first - t0, events, status, err)
 
     async def close(self, states: list[dict]) -> None:
@@ -418,11 +432,12 @@ def percentile(sorted_vals: list[float], q: float) -> float:
 def dist_ms(values_s: list[float]) -> dict:
     vals = sorted(v * 1000.0 for v in values_s if v == v)
     if not vals:
-        return {"p50": None, "p90": None, "p99": None, "mean": None, "max": None}
+        return {"p50": None, "p90": None, "p99": None, "p999": None, "mean": None, "max": None}
     return {
         "p50": percentile(vals, 0.50),
         "p90": percentile(vals, 0.90),
         "p99": percentile(vals, 0.99),
+        "p999": percentile(vals, 0.999),
         "mean": sum(vals) / len(vals),
         "max": vals[-1],
     }

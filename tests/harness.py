@@ -27,6 +27,8 @@ from typing import Any
 import httpx
 import yaml
 
+from loadtest.procs import free_ports  # n distinct free loopback ports
+
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 HOST = "127.0.0.1"
@@ -42,20 +44,6 @@ ENDPOINTS_API = "router.kthena.io/v1alpha1"
 
 def free_port() -> int:
     return free_ports(1)[0]
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free ports (all held open while choosing, so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def port_accepts(port: int, host: str = HOST, timeout: float = 1.0) -> bool:

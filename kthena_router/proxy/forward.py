@@ -61,7 +61,7 @@ class _Disconnect:
         self.task = asyncio.current_task()
         self.fired = False
         self.finished = False
-        self.fut = asyncio.ensure_future(receive())
+        self.fut: asyncio.Future[Message] | None = asyncio.ensure_future(receive())
         self.fut.add_done_callback(self._done)
 
     def _done(self, fut: asyncio.Future[Message]) -> None:
@@ -76,8 +76,18 @@ class _Disconnect:
 
     def close(self) -> None:
         self.finished = True
-        if not self.fut.done():
-            self.fut.cancel()
+        fut = self.fut
+        if fut is None:
+            return
+        if not fut.done():
+            fut.cancel()
+        # granian's receive() awaitable keeps its done callback after it completes or is
+        # cancelled, and the GC cannot see references held by that native object: the
+        # cycle awaitable -> self._done -> self -> awaitable would keep this watcher, the
+        # request task and its frames alive for ever. Break it from both sides.
+        fut.remove_done_callback(self._done)
+        self.fut = None
+        self.task = None
 
 
 class Forwarder:

@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtest.bench_overhead import (
+from loadtest.procs import (
     HOST, Proc, StartError, free_ports, http, peer_available, probe_chat, router_config,
     wait_until,
 )
@@ -141,7 +141,7 @@ def _with_event_labels(config: str, ports: list[int], kv_events_base: int) -> st
     event stream in file mode: kthena_router/scheduling/kv_matcher.py)."""
     for i, port in enumerate(ports):
         old = f"port: {port}, labels: {{app: bench}}"
-        assert old in config, "bench_overhead.router_config changed its endpoint format"
+        assert old in config, "procs.router_config changed its endpoint format"
         pub = kv_events_base + 2 * i
         config = config.replace(old, f"port: {port}, labels: {{app: bench, "
                                      f"kthena.io/kv-events-port: '{pub}', "

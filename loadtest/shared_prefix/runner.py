@@ -36,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from loadtest.bench_overhead import Proc, StartError, http
+from loadtest.procs import Proc, StartError, http
 from loadtest.loadgen import install_uvloop
 from . import cluster, policies, report
 from .client import Chooser, Result, RoundRobin, RunStats, drive

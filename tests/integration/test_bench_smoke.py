@@ -111,37 +111,67 @@ def test_bench_overhead_smoke(tmp_path: Path) -> None:
     n, warm = 100, 12
     proc = subprocess.run(
         [sys.executable, "-m", "loadtest.bench_overhead", "--requests", str(n), "--warmup", str(warm),
-         "--concurrency", "1,4", "--repeats", "1", "--json", str(out), "--markdown", str(md)],
+         "--concurrency", "1,4", "--modes", "stream,plain", "--repeats", "1", "--json", str(out),
+         "--markdown", str(md)],
         cwd=ROOT, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(out.read_text())
 
-    cells = {(c["target"], c["concurrency"]): c for c in r["cells"]}
-    assert set(cells) == {(t, c) for t in ("direct", "router") for c in (1, 4)}
-    for (target, conc), c in cells.items():
+    cells = {(c["target"], c["mode"], c["concurrency"]): c for c in r["cells"]}
+    assert set(cells) == {(t, m, c) for t in ("direct", "router") for m in ("stream", "plain") for c in (1, 4)}
+    for (target, mode, conc), c in cells.items():
         assert (c["requests"], c["ok"], c["errors"]) == (n, n, 0), (target, conc, c["error_kinds"])
         assert c["warmup_ok"] == c["warmup_requests"] >= warm
         # The engines saw each request exactly once (no retries, no losses).
         assert c["engine_chat_requests"] == {"completed": n + c["warmup_requests"]}, (target, conc)
         assert c["rps"] > 0
         lat, ttft = c["latency_ms"], c["ttft_ms"]
-        assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"]
+        assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p999"]
         assert 0 < ttft["p50"] <= lat["p50"]
         assert set(c["cpu_ms_per_req"]) == {"simulator", "router", "loadgen"}
         assert all(v >= 0 for v in c["cpu_ms_per_req"].values())
     # Same reply shape through the router as from the engines (usage chunk hidden again).
     for conc in (1, 4):
-        shape = cells[("direct", conc)]["events_per_reply"]
+        shape = cells[("direct", "stream", conc)]["events_per_reply"]
         assert len(shape) == 1 and shape[0] >= 17  # role/content chunks + [DONE]
-        assert cells[("router", conc)]["events_per_reply"] == shape
+        assert cells[("router", "stream", conc)]["events_per_reply"] == shape
+        assert cells[("router", "plain", conc)]["events_per_reply"] == [0]  # one JSON body
 
-    assert sum(cells[("router", c)]["cpu_ms_per_req"]["router"] for c in (1, 4)) > 0
-    cmp = r["comparison"]["router"]
+    assert sum(cells[("router", "stream", c)]["cpu_ms_per_req"]["router"] for c in (1, 4)) > 0
+    assert set(r["comparison"]["router"]) == {"stream", "plain"}
+    plain = r["comparison"]["router"]["plain"]["by_concurrency"]["4"]
+    assert len(plain["added_p99_ms_runs"]) == 1 and plain["added_p999_ms"] is not None
+    cmp = r["comparison"]["router"]["stream"]
     assert cmp["headline"]["throughput_ratio_at_c4"] > 0
     assert cmp["headline"]["cpu_ms_per_req_at_c1"] is not None
     assert set(cmp["by_concurrency"]) == {"1", "4"}
     assert isinstance(r["goals"]["added_p50_at_c1_le_1ms"], bool)
     assert isinstance(r["goals"]["router_cpu_per_req_le_1ms"], bool)
     assert r["meta"]["router_process_tree_size"] >= 2  # supervisor + at least one worker
-    assert "| router |" in md.read_text()
+    text = md.read_text()
+    assert "| router | stream |" in text and "added p99 c=4 plain" in text
+
+
+_ACCEPT_AND_REPORT = """
+import socket
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+cli = socket.create_connection(srv.getsockname())
+conn, _ = srv.accept()
+print(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY),
+      cli.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+"""
+
+
+@pytest.mark.parametrize("preload", [False, True])
+def test_nodelay_shim_sets_tcp_nodelay(preload: bool, tmp_path: Path) -> None:
+    """The preload shim the benchmark gives sglang-router: accepted and connected sockets."""
+    from loadtest.procs import nodelay_shim
+
+    env = {"PATH": "/usr/bin:/bin"}
+    if preload:
+        env["LD_PRELOAD"] = str(nodelay_shim(tmp_path))
+    out = subprocess.run([sys.executable, "-c", _ACCEPT_AND_REPORT], env=env, capture_output=True, text=True,
+                         timeout=30, check=True).stdout.split()
+    accepted, connected = (int(x) != 0 for x in out)
+    assert (accepted, connected) == (preload, preload)

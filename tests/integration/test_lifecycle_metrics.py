@@ -70,3 +70,19 @@ def test_metrics_parse_and_name_families(router: harness.Router) -> None:
     for name in ("kthena_router_requests", "kthena_router_request_duration_seconds", "kthena_router_tokens"):
         assert name in fams, sorted(fams)
     assert router.admin_get("/metrics").headers["content-type"].startswith("text/plain")
+
+
+def test_runtime_metrics_of_every_worker(router: harness.Router) -> None:
+    """GC pauses (per generation) and event-loop lag are exported by each worker."""
+    lag_count = "kthena_router_event_loop_lag_seconds_count"
+    workers = router.worker_pids()
+    first = _per_worker(router, lag_count)
+    # The lag timer ticks 4 times a second in every worker.
+    harness.wait_until(
+        lambda: all(_per_worker(router, lag_count).get(pid, 0) > first.get(pid, 0) for pid in workers), 10,
+        what="event-loop lag samples from every worker")
+    fams = harness.parse_metrics(router.metrics_text())
+    present = {(s.name, s.labels.get("generation")) for fam in fams.values() for s in fam.samples}
+    for gen in ("0", "1", "2"):  # zero counts are fine: collections are rare once nothing leaks
+        assert ("kthena_router_gc_pause_seconds_count", gen) in present
+        assert ("kthena_router_gc_collected_objects_total", gen) in present
