@@ -118,19 +118,8 @@ def start_engines(logdir: Path, procs: list[Proc], num_blocks: int, time_scale: 
     return ports, admin
 
 
-def router_supports_config() -> bool:
-    """Whether our router CLI takes the routerConfiguration flag yet."""
-    import subprocess
-
-    out = subprocess.run([sys.executable, "-m", "kthena_router.cli", "--help"],
-                         capture_output=True, text=True, timeout=30)
-    return ROUTER_CONFIG_FLAG in out.stdout
-
-
 def unavailable(policy: Policy, sched_yaml: str | None) -> str | None:
     """Why a policy cannot run here (None: it can)."""
-    if policy.kind == "router" and sched_yaml is not None and not router_supports_config():
-        return f"router has no {ROUTER_CONFIG_FLAG} yet (scheduling plugins pending)"
     if policy.kind == "peer":
         return peer_available(policy.peer or "")
     return None

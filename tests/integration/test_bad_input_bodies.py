@@ -331,14 +331,13 @@ def test_duplicate_escaped_and_odd_spellings(guard: harness.Router, simulator: h
                                    "application/xml"])
 def test_wrong_content_type(guard: harness.Router, simulator: harness.Simulator, http: httpx.Client,
                             ctype: str | None) -> None:
-    """A JSON body under another Content-Type: served (as vLLM does) or a clean 4xx, never an engine
-    request for a refused one."""
+    """The router does not judge Content-Type on the inference paths: it parses the body as
+    JSON whatever the header says and the engine applies its own rule. A valid JSON body is
+    therefore served, with exactly one engine request."""
     r = post(http, guard, COMPL, json.dumps(_valid(COMPL)).encode(), ctype)
-    if r.status_code == 200:
-        assert harness.engine_total(simulator) == 1
-    else:
-        assert_openai_error(r, simulator, {400, 415})
-        assert harness.engine_total(simulator) == 0
+    assert r.status_code == 200, (ctype, r.status_code, r.text[:300])
+    assert r.json()["object"] == "text_completion"
+    assert harness.engine_total(simulator) == 1
 
 
 # --- methods and paths ---------------------------------------------------------------
@@ -394,9 +393,8 @@ def test_unknown_v1_path_without_model_is_400_and_with_model_reaches_engine(
     assert_openai_error(r, simulator, 400, param="model")
     assert harness.engine_total(simulator) == before
     r = http.post(url, content=b'{"model": "demo", "input": "x"}')
-    # forwarded by design; the engine's own 4xx passes through, whatever it is
-    assert r.status_code < 500, r.text[:300]
-    assert_no_leak(r.text, simulator)
+    # forwarded by design: the engine's own 404 (it serves no such path) passes through
+    assert_openai_error(r, simulator, 404)
 
 
 def test_long_url_and_header_values(guard: harness.Router, simulator: harness.Simulator,
@@ -408,9 +406,7 @@ def test_long_url_and_header_values(guard: harness.Router, simulator: harness.Si
     assert r.status_code == 200, r.text[:200]
     assert r.headers["x-request-id"] == "r" * 4000
     r = post(http, guard, "/x" + "b" * 30_000, body)
-    assert r.status_code in (404, 414), r.status_code
-    if r.status_code == 404:
-        assert_openai_error(r, simulator, 404)
+    assert_openai_error(r, simulator, 404)  # a 30 KB path is under the 414 limit
     assert harness.engine_total(simulator) == 1
 
 
