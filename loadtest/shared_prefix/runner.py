@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import shutil
 import signal
 import sys
@@ -246,6 +247,9 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
         "requests": len(reqs), "completed": len(stats.results), "ok": len(ok),
         "errors": errors, "wall_s": stats.wall_s, "sim_duration_s": sim_s,
         "engine_lag_max_s": lag_max, "send_late_max_s": send_late,
+        # the machine's 1-minute load average at the end (2 cores shared: a busy spell
+        # slows the router, which the engines' lag check does not see)
+        "load_avg_1m": round(os.getloadavg()[0], 2),
         "prefix_hits": h1 - h0, "prefix_queries": q1 - q0,
         "preemptions": sum(r["preemptions_total"] for s in states1 for r in s["ranks"]),
         "metrics": report.cell_metrics(ttfts, [r.e2e_s / k for r in ok], sim_s, h1 - h0, q1 - q0),
@@ -304,7 +308,8 @@ async def bench(a: argparse.Namespace, logdir: Path) -> dict[str, Any]:
                 verdict = "ok" if cell["accepted"] else f"REJECTED ({cell['reject_reason']})"
                 print(f"{pol.name} seed={seed} kv=x{kv_factor:g}: {cell['ok']}/{cell['requests']} ok, "
                       f"{m['req_s']:.2f} req/s, mean TTFT {m['ttft_mean_s'] or math.nan:.3f}s, "
-                      f"hit {100 * (m['hit_rate'] or 0):.1f}%, lag {cell['engine_lag_max_s']:.3f}s "
+                      f"hit {100 * (m['hit_rate'] or 0):.1f}%, lag {cell['engine_lag_max_s']:.3f}s, "
+                      f"load {cell['load_avg_1m']:.1f} "
                       f"-> {verdict}", file=sys.stderr, flush=True)
                 if cell["accepted"]:
                     ttfts.setdefault(pol.name, []).extend(tt)
