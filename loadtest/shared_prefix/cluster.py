@@ -208,6 +208,23 @@ def start_peer(logdir: Path, procs: list[Proc], ports: list[int], peer: str,
     return url
 
 
+def engine_ttft_totals(engine_urls: list[str]) -> tuple[float, float]:
+    """(sum, count) of the engines' own TTFT histograms (simulated seconds): the engine-side
+    part of what the client measures, so that the rest (router, client) can be told apart."""
+    total = count = 0.0
+    for url in engine_urls:
+        status, data = http("GET", f"{url}/metrics")
+        if status != 200:
+            raise StartError(f"engine {url} /metrics: HTTP {status}")
+        for line in data.decode(errors="replace").splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name == "vllm:time_to_first_token_seconds_sum":
+                total += float(line.rsplit(" ", 1)[1])
+            elif name == "vllm:time_to_first_token_seconds_count":
+                count += float(line.rsplit(" ", 1)[1])
+    return total, count
+
+
 def engine_states(admin_url: str) -> list[dict]:
     status, data = http("GET", f"{admin_url}/admin/engines/*/state")
     if status != 200:

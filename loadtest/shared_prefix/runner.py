@@ -190,6 +190,7 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
             greedy.start()
             urls, chooser = engine_urls, greedy
         states0 = await asyncio.to_thread(cluster.engine_states, admin_url)
+        ttft0 = await asyncio.to_thread(cluster.engine_ttft_totals, engine_urls)
         label = f"{pol.name} seed={seed} kv=x{kv_factor:g}"
         prog = _Progress(label, len(reqs), k, a.quiet)
         offsets = [t * k for t in arrival_times(spec, len(reqs))]
@@ -205,6 +206,7 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
                           max(s["lag_seconds"] for s in st), max(s["lag_max_seconds"] for s in st))
         stats = run.result()
         states1 = await asyncio.to_thread(cluster.engine_states, admin_url)
+        ttft1 = await asyncio.to_thread(cluster.engine_ttft_totals, engine_urls)
         if router_admin is not None and needs_events:
             # requests that kvcache-aware scored without exact event data (should be ~0)
             kv_fallbacks = await asyncio.to_thread(
@@ -254,6 +256,12 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
     }
     # kept so that merged runs can redraw the TTFT distributions (merge.py)
     cell["ttft_samples_s"] = [round(x, 5) for x in ttfts]
+    # client TTFT minus the engines' own: what the router (and the client) add per request.
+    # The lag check covers engines and sender only; a CPU-starved router shows here.
+    n_eng = ttft1[1] - ttft0[1]
+    if ttfts and n_eng > 0:
+        cell["engine_ttft_mean_s"] = (ttft1[0] - ttft0[0]) / n_eng
+        cell["added_ttft_mean_ms"] = 1000.0 * (sum(ttfts) / len(ttfts) - cell["engine_ttft_mean_s"])
     if hot_spot is not None:
         cell["hot_spot_reorders"] = hot_spot
     if needs_events:
@@ -307,6 +315,7 @@ async def bench(a: argparse.Namespace, logdir: Path) -> dict[str, Any]:
                 print(f"{pol.name} seed={seed} kv=x{kv_factor:g}: {cell['ok']}/{cell['requests']} ok, "
                       f"{m['req_s']:.2f} req/s, mean TTFT {m['ttft_mean_s'] or math.nan:.3f}s, "
                       f"hit {100 * (m['hit_rate'] or 0):.1f}%, lag {cell['engine_lag_max_s']:.3f}s, "
+                      f"added TTFT {cell.get('added_ttft_mean_ms', math.nan):.1f} ms, "
                       f"load {cell['load_avg_1m']:.1f} "
                       f"-> {verdict}", file=sys.stderr, flush=True)
                 if cell["accepted"]:

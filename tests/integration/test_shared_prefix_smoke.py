@@ -53,6 +53,10 @@ def check_consistent(summary: dict[str, Any], policy: str) -> None:
         assert m["req_s"] > 0
         assert 0 < m["ttft_p50_s"] <= m["ttft_p90_s"] <= m["ttft_p99_s"]
         assert m["ttft_mean_s"] < m["e2e_mean_s"]
+        # the engines' TTFT is part of the client's: the router and client add the rest
+        assert 0 < c["engine_ttft_mean_s"] < m["ttft_mean_s"]
+        assert c["added_ttft_mean_ms"] == pytest.approx(
+            1000 * (m["ttft_mean_s"] - c["engine_ttft_mean_s"]))
         if "per_engine_requests" in c:
             assert sum(c["per_engine_requests"]) == n
     for metric, agg in r["aggregate"].items():
