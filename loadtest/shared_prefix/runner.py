@@ -1,13 +1,13 @@
 """Shared-prefix routing benchmark: policies x seeds (x KV factors) on 3 simulated engines.
 
-    python -m loadtest.shared_prefix.runner --profile ci --policies random,round-robin,greedy-reference \\
-        --out results/
+    python -m loadtest.shared_prefix.runner --profile ci \\
+        --policies random,round-robin,greedy-reference --out results/
     python -m loadtest.shared_prefix.runner --profile ci --sweep --out results/sweep/
 
 Each cell (policy, seed, KV factor) gets a fresh simulator (empty caches, lag counters
-from zero) and, per policy, our router / a peer router / nothing (greedy-reference, direct). The
-workload is sent over HTTP with streaming; TTFT and E2E are measured per request at the
-client. Hit rate = delta prefix-cache hits / delta queries (tokens) summed over engines.
+from zero) and, per policy, our router / a peer router / nothing (greedy-reference,
+direct). The workload is sent over HTTP with streaming; TTFT and E2E are measured per
+request at the client. Hit rate = delta prefix-cache hits / delta queries (tokens) summed over engines.
 A cell is rejected when an engine's step loop or the sender fell behind schedule by
 more than --max-lag (fraction of the run): the machine was CPU-starved, the figures
 would be the machine's, not the policy's. A cell with failed requests is rejected too
