@@ -25,7 +25,7 @@ CHAT_PATH = "/v1/chat/completions"
 class Result:
     index: int
     group: int
-    target: int  # index into the driver's targets (the engine for oracle/direct)
+    target: int  # index into the driver's targets (the engine for greedy-reference/direct)
     ok: bool
     ttft_s: float  # wall seconds; nan if no content came
     e2e_s: float
@@ -42,7 +42,7 @@ class RunStats:
 
 
 class Chooser:
-    """Picks the target of each request; the oracle overrides the hooks."""
+    """Picks the target of each request; the greedy reference overrides the hooks."""
 
     def choose(self, req: Request) -> int:
         return 0
@@ -64,8 +64,8 @@ class RoundRobin(Chooser):
 
 
 class _Conn(_RawConn):
-    """Calls `on_first` as soon as the first content event arrives (the oracle's queue
-    model needs it then, not at the end of the stream)."""
+    """Calls `on_first` as soon as the first content event arrives (the greedy
+    reference's queue model needs it then, not at the end of the stream)."""
 
     __slots__ = ("on_first",)
 

@@ -118,19 +118,8 @@ def start_engines(logdir: Path, procs: list[Proc], num_blocks: int, time_scale: 
     return ports, admin
 
 
-def router_supports_config() -> bool:
-    """Whether our router CLI takes the routerConfiguration flag yet."""
-    import subprocess
-
-    out = subprocess.run([sys.executable, "-m", "kthena_router.cli", "--help"],
-                         capture_output=True, text=True, timeout=30)
-    return ROUTER_CONFIG_FLAG in out.stdout
-
-
 def unavailable(policy: Policy, sched_yaml: str | None) -> str | None:
     """Why a policy cannot run here (None: it can)."""
-    if policy.kind == "router" and sched_yaml is not None and not router_supports_config():
-        return f"router has no {ROUTER_CONFIG_FLAG} yet (scheduling plugins pending)"
     if policy.kind == "peer":
         return peer_available(policy.peer or "")
     return None
@@ -217,6 +206,23 @@ def start_peer(logdir: Path, procs: list[Proc], ports: list[int], peer: str,
     url = f"http://{HOST}:{port}"
     wait_until(lambda: probe_chat(url, MODEL), p, timeout_s, "a successful chat request")
     return url
+
+
+def engine_ttft_totals(engine_urls: list[str]) -> tuple[float, float]:
+    """(sum, count) of the engines' own TTFT histograms (simulated seconds): the engine-side
+    part of what the client measures, so that the rest (router, client) can be told apart."""
+    total = count = 0.0
+    for url in engine_urls:
+        status, data = http("GET", f"{url}/metrics")
+        if status != 200:
+            raise StartError(f"engine {url} /metrics: HTTP {status}")
+        for line in data.decode(errors="replace").splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name == "vllm:time_to_first_token_seconds_sum":
+                total += float(line.rsplit(" ", 1)[1])
+            elif name == "vllm:time_to_first_token_seconds_count":
+                count += float(line.rsplit(" ", 1)[1])
+    return total, count
 
 
 def engine_states(admin_url: str) -> list[dict]:

@@ -1,22 +1,27 @@
 """Shared-prefix routing benchmark: policies x seeds (x KV factors) on 3 simulated engines.
 
-    python -m loadtest.shared_prefix.runner --profile ci --policies random,round-robin,oracle \\
-        --seeds 1,2,3 --out results/
+    python -m loadtest.shared_prefix.runner --profile ci \\
+        --policies random,round-robin,greedy-reference --out results/
     python -m loadtest.shared_prefix.runner --profile ci --sweep --out results/sweep/
 
 Each cell (policy, seed, KV factor) gets a fresh simulator (empty caches, lag counters
-from zero) and, per policy, our router / a peer router / nothing (oracle, direct). The
-workload is sent over HTTP with streaming; TTFT and E2E are measured per request at the
-client. Hit rate = delta prefix-cache hits / delta queries (tokens) summed over engines.
+from zero) and, per policy, our router / a peer router / nothing (greedy-reference,
+direct). The workload is sent over HTTP with streaming; TTFT and E2E are measured per
+request at the client. Hit rate = delta prefix-cache hits / delta queries (tokens) summed over engines.
 A cell is rejected when an engine's step loop or the sender fell behind schedule by
 more than --max-lag (fraction of the run): the machine was CPU-starved, the figures
-would be the machine's, not the policy's. Outputs in --out: results.json, results.md,
+would be the machine's, not the policy's. A cell with failed requests is rejected too
+(the reason names the commonest error). Outputs in --out: results.json, results.md,
 ttft_kv<F>.png per KV factor, sweep.png with several factors.
 
 Policies with kvcache-aware get engines started with --kv-events-port-base and Endpoints
 labelled with each engine's event ports (kthena.io/kv-events-port, -replay-port); the cell
 records the router's kvcache-aware fallback count (exact matching working: ~0). Tables run
 in pieces merge with `python -m loadtest.shared_prefix.merge`.
+
+Seeds: configurations are chosen on the tuning seeds (1,2,3, `--seeds tuning`) and
+reported on other seeds (4,5,6, `--seeds report`, the default), so that a reported figure
+is not one a configuration was picked for.
 
 Time scale: the engines run `time_scale` times slower than wall time so that 2 cores
 keep up; all reported times and rates are simulated (wall / time_scale).
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import shutil
 import signal
 import sys
@@ -40,15 +46,14 @@ from loadtest.procs import Proc, StartError, http
 from loadtest.loadgen import install_uvloop
 from . import cluster, policies, report
 from .client import Chooser, Result, RoundRobin, RunStats, drive
-from .oracle import Oracle, group_prompt_tokens, prompt_shape
+from .greedy import GreedyReference, group_prompt_tokens, prompt_shape
 from .workload import PROFILES, WorkloadSpec, arrival_times, generate, profile
 
-# Wall seconds per simulated second, per profile. ci measured on the 2-core dev machine:
-# at 6 the engines' max lag is ~0.1% of a run; at 3 and 2 runs are still accepted but
-# the oracle already loses 5-8% req/s to CPU starvation. published/small: extrapolated
-# from their throughput (not yet measured).
+# Wall seconds per simulated second, per profile: slow enough that 2 cores keep the
+# simulated schedule (how they were chosen: docs/benchmarks.md, Setup).
 DEFAULT_TIME_SCALE = {"published": 16.0, "small": 10.0, "ci": 6.0, "tiny": 2.0}
 SWEEP_FACTORS = (0.25, 0.5, 1.0, 2.0)
+SEED_SETS = {"tuning": (1, 2, 3), "report": (4, 5, 6)}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -59,7 +64,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--policies", default=None,
                    help=f"comma-separated (default: all; with --sweep: "
                         f"{','.join(policies.SWEEP_POLICIES)}); known: {', '.join(policies.POLICIES)}")
-    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--seeds", default="report",
+                   help="comma-separated, or 'tuning' (1,2,3: choose configurations on these) "
+                        "or 'report' (4,5,6: report on these; default)")
     p.add_argument("--kv-factors", default=None,
                    help=f"KV capacity per engine, x computed (default {cluster.PUBLISHED_REGIME})")
     p.add_argument("--sweep", action="store_true",
@@ -102,7 +109,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         a.policy_list = [extra.get(n.strip()) or policies.get(n.strip()) for n in names if n.strip()]
     except ValueError as e:
         p.error(str(e))
-    a.seed_list = [int(s) for s in a.seeds.split(",") if s.strip()]
+    try:
+        a.seed_list = list(SEED_SETS.get(a.seeds) or
+                           (int(s) for s in a.seeds.split(",") if s.strip()))
+    except ValueError:
+        p.error(f"--seeds wants 'tuning', 'report' or integers, got {a.seeds!r}")
     if a.kv_factors:
         a.kv_list = [float(x) for x in a.kv_factors.split(",")]
     else:
@@ -146,7 +157,7 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
     k = a.time_scale
     blocks = cluster.kv_blocks(spec, kv_factor)
     procs: list[Proc] = []
-    oracle: Oracle | None = None
+    greedy: GreedyReference | None = None
     router_admin: str | None = None
     kv_fallbacks: float | None = None
     hot_spot: float | None = None
@@ -173,12 +184,13 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
             same = [r for r in reqs if r.group == reqs[0].group][:2]
             shape = prompt_shape(same[0], same[-1])
             has_cache = http("GET", f"{admin_url}/admin/engines/0/cache")[0] == 200
-            oracle = Oracle(admin_url, len(ports), blocks, cluster.BLOCK_SIZE, shape,
-                            spec.output_len, cluster.MAX_NUM_BATCHED_TOKENS,
-                            group_prompt_tokens(reqs, shape) if has_cache else None)
-            oracle.start()
-            urls, chooser = engine_urls, oracle
+            greedy = GreedyReference(admin_url, len(ports), blocks, cluster.BLOCK_SIZE, shape,
+                                     spec.output_len, cluster.MAX_NUM_BATCHED_TOKENS,
+                                     group_prompt_tokens(reqs, shape) if has_cache else None)
+            greedy.start()
+            urls, chooser = engine_urls, greedy
         states0 = await asyncio.to_thread(cluster.engine_states, admin_url)
+        ttft0 = await asyncio.to_thread(cluster.engine_ttft_totals, engine_urls)
         label = f"{pol.name} seed={seed} kv=x{kv_factor:g}"
         prog = _Progress(label, len(reqs), k, a.quiet)
         offsets = [t * k for t in arrival_times(spec, len(reqs))]
@@ -194,6 +206,7 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
                           max(s["lag_seconds"] for s in st), max(s["lag_max_seconds"] for s in st))
         stats = run.result()
         states1 = await asyncio.to_thread(cluster.engine_states, admin_url)
+        ttft1 = await asyncio.to_thread(cluster.engine_ttft_totals, engine_urls)
         if router_admin is not None and needs_events:
             # requests that kvcache-aware scored without exact event data (should be ~0)
             kv_fallbacks = await asyncio.to_thread(
@@ -204,8 +217,8 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
             hot_spot = await asyncio.to_thread(
                 cluster.router_counter, router_admin, "kthena_router_hot_spot_reorders_total")
     finally:
-        if oracle is not None:
-            await oracle.stop()
+        if greedy is not None:
+            await greedy.stop()
         for p in reversed(procs):
             p.stop()
 
@@ -214,36 +227,49 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
     sim_s = stats.wall_s / k
     lag_max = max(s["lag_max_seconds"] for s in states1)
     send_late = stats.max_send_late_s / k
-    reason = None
-    if lag_max > a.max_lag * sim_s:
-        reason = f"engine lag {lag_max:.3f}s > {a.max_lag:.0%} of the {sim_s:.1f}s run"
-    elif send_late > a.max_lag * sim_s:
-        reason = f"sender {send_late:.3f}s behind schedule > {a.max_lag:.0%} of the run"
-    ttfts = [r.ttft_s / k for r in ok]
     errors: dict[str, int] = {}
     for r in stats.results:
         if not r.ok:
             errors[(r.error or "?")[:120]] = errors.get((r.error or "?")[:120], 0) + 1
+    reason = None
+    if errors:
+        # failed requests free their engine early: the figures would flatter the policy
+        top = max(errors, key=errors.__getitem__)
+        reason = f"{sum(errors.values())} requests failed (most: {errors[top]} x {top})"
+    elif lag_max > a.max_lag * sim_s:
+        reason = f"engine lag {lag_max:.3f}s > {a.max_lag:.0%} of the {sim_s:.1f}s run"
+    elif send_late > a.max_lag * sim_s:
+        reason = f"sender {send_late:.3f}s behind schedule > {a.max_lag:.0%} of the run"
+    ttfts = [r.ttft_s / k for r in ok]
     cell = {
         "policy": pol.name, "seed": seed, "kv_factor": kv_factor, "kv_blocks": blocks,
         "accepted": reason is None, "reject_reason": reason,
         "requests": len(reqs), "completed": len(stats.results), "ok": len(ok),
         "errors": errors, "wall_s": stats.wall_s, "sim_duration_s": sim_s,
         "engine_lag_max_s": lag_max, "send_late_max_s": send_late,
+        # the machine's 1-minute load average at the end (2 cores shared: a busy spell
+        # slows the router, which the engines' lag check does not see)
+        "load_avg_1m": round(os.getloadavg()[0], 2),
         "prefix_hits": h1 - h0, "prefix_queries": q1 - q0,
         "preemptions": sum(r["preemptions_total"] for s in states1 for r in s["ranks"]),
         "metrics": report.cell_metrics(ttfts, [r.e2e_s / k for r in ok], sim_s, h1 - h0, q1 - q0),
     }
     # kept so that merged runs can redraw the TTFT distributions (merge.py)
     cell["ttft_samples_s"] = [round(x, 5) for x in ttfts]
+    # client TTFT minus the engines' own: what the router (and the client) add per request.
+    # The lag check covers engines and sender only; a CPU-starved router shows here.
+    n_eng = ttft1[1] - ttft0[1]
+    if ttfts and n_eng > 0:
+        cell["engine_ttft_mean_s"] = (ttft1[0] - ttft0[0]) / n_eng
+        cell["added_ttft_mean_ms"] = 1000.0 * (sum(ttfts) / len(ttfts) - cell["engine_ttft_mean_s"])
     if hot_spot is not None:
         cell["hot_spot_reorders"] = hot_spot
     if needs_events:
         cell["kv_events"] = True
         cell["kvcache_aware_fallbacks"] = kv_fallbacks
-    if oracle is not None:
-        cell["oracle_cache_source"] = oracle.cache_source
-    if pol.kind in ("oracle", "direct"):
+    if greedy is not None:
+        cell["greedy_cache_source"] = greedy.cache_source
+    if pol.kind in ("greedy", "direct"):
         cell["per_engine_requests"] = [sum(1 for r in stats.results if r.target == i)
                                        for i in range(len(engine_urls))]
     return cell, ttfts
@@ -266,30 +292,39 @@ async def bench(a: argparse.Namespace, logdir: Path) -> dict[str, Any]:
                                  "kv_blocks": cluster.kv_blocks(spec, kv_factor), "rows": {}}
         summary["tables"].append(block)
         ttfts: dict[str, list[float]] = {}
+        runnable = []
         for pol in a.policy_list:
             sched = a.overrides.get(pol.name, pol.scheduler_yaml)
             why = cluster.unavailable(pol, sched)
             if why is not None:
                 print(f"skip {pol.name}: {why}", file=sys.stderr)
                 block["rows"][pol.name] = {"skipped": why}
-                continue
-            cells = []
-            for seed in a.seed_list:
+            else:
+                runnable.append((pol, sched))
+        cells: dict[str, list[dict[str, Any]]] = {pol.name: [] for pol, _ in runnable}
+        # seed-major: the policies of one seed run back to back, so that a busy spell on
+        # the shared machine hits every policy alike instead of all seeds of one policy
+        for seed in a.seed_list:
+            for pol, sched in runnable:
                 cell_dir = logdir / f"{pol.name}-s{seed}-kv{kv_factor:g}"
                 cell_dir.mkdir(parents=True, exist_ok=True)
                 cell, tt = await run_cell(a, spec, pol, sched, kv_factor, seed, cell_dir)
-                cells.append(cell)
+                cells[pol.name].append(cell)
                 m = cell["metrics"]
                 verdict = "ok" if cell["accepted"] else f"REJECTED ({cell['reject_reason']})"
                 print(f"{pol.name} seed={seed} kv=x{kv_factor:g}: {cell['ok']}/{cell['requests']} ok, "
                       f"{m['req_s']:.2f} req/s, mean TTFT {m['ttft_mean_s'] or math.nan:.3f}s, "
-                      f"hit {100 * (m['hit_rate'] or 0):.1f}%, lag {cell['engine_lag_max_s']:.3f}s "
+                      f"hit {100 * (m['hit_rate'] or 0):.1f}%, lag {cell['engine_lag_max_s']:.3f}s, "
+                      f"added TTFT {cell.get('added_ttft_mean_ms', math.nan):.1f} ms, "
+                      f"load {cell['load_avg_1m']:.1f} "
                       f"-> {verdict}", file=sys.stderr, flush=True)
                 if cell["accepted"]:
                     ttfts.setdefault(pol.name, []).extend(tt)
-            good = [c for c in cells if c["accepted"]]
-            block["rows"][pol.name] = {"seeds_run": len(cells), "seeds_ok": len(good),
-                                       "aggregate": report.aggregate(good), "cells": cells}
+        for pol, _ in runnable:
+            good = [c for c in cells[pol.name] if c["accepted"]]
+            block["rows"][pol.name] = {"seeds_run": len(cells[pol.name]), "seeds_ok": len(good),
+                                       "aggregate": report.aggregate(good),
+                                       "cells": cells[pol.name]}
         if ttfts:
             report.plot_ttft(a.out / f"ttft_kv{kv_factor:g}.png", ttfts,
                              f"TTFT, profile {a.profile}, KV x{kv_factor:g}")

@@ -266,14 +266,13 @@ def test_duplicate_escaped_and_odd_spellings(guard: harness.Router, simulator: h
                                    "application/xml"])
 def test_wrong_content_type(guard: harness.Router, simulator: harness.Simulator, http: httpx.Client,
                             ctype: str | None) -> None:
-    """A JSON body under another Content-Type: served (as vLLM does) or a clean 4xx, never an engine
-    request for a refused one."""
+    """The router does not judge Content-Type on the inference paths: it parses the body as
+    JSON whatever the header says and the engine applies its own rule. A valid JSON body is
+    therefore served, with exactly one engine request."""
     r = post(http, guard, COMPL, json.dumps(_valid(COMPL)).encode(), ctype)
-    if r.status_code == 200:
-        assert harness.engine_total(simulator) == 1
-    else:
-        assert_openai_error(r, simulator, {400, 415})
-        assert harness.engine_total(simulator) == 0
+    assert r.status_code == 200, (ctype, r.status_code, r.text[:300])
+    assert r.json()["object"] == "text_completion"
+    assert harness.engine_total(simulator) == 1
 
 
 # --- methods and paths ---------------------------------------------------------------
@@ -325,10 +324,11 @@ def test_paths_outside_v1_are_404(guard: harness.Router, simulator: harness.Simu
 def test_v1_paths_outside_the_allow_list_are_404_with_or_without_model(
         guard: harness.Router, simulator: harness.Simulator, http: httpx.Client, seg: str) -> None:
     url = f"{guard.base_url}/v1/{seg}"
+    before = harness.engine_total(simulator)
     for body in (b'{"input": "x"}', b'{"model": "demo", "input": "x"}'):
         r = http.post(url, content=body)
         assert_openai_error(r, simulator, 404)
-    assert harness.engine_total(simulator) == 0
+    assert harness.engine_total(simulator) == before
 
 
 def test_long_url_and_header_values(guard: harness.Router, simulator: harness.Simulator,
@@ -343,9 +343,7 @@ def test_long_url_and_header_values(guard: harness.Router, simulator: harness.Si
     r = post(http, guard, COMPL, body, headers={"x-request-id": "r" * 200})
     assert r.status_code == 200 and r.headers["x-request-id"] == "r" * 200
     r = post(http, guard, "/x" + "b" * 30_000, body)
-    assert r.status_code in (404, 414), r.status_code
-    if r.status_code == 404:
-        assert_openai_error(r, simulator, 404)
+    assert_openai_error(r, simulator, 404)  # a 30 KB path is under the 414 limit
     assert harness.engine_total(simulator) == 2
 
 

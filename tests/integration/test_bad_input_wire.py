@@ -298,25 +298,29 @@ def test_invalid_chunked_framing_is_a_client_error(guard: harness.Router, simula
     assert [r.status for r in replies] == [400], replies
 
 
-@pytest.mark.parametrize("raw", [
-    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n{x}}",
-    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n{}",
-    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n{}",
-    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1e3\r\n\r\n{}",
-    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\nContent-Length: 2\r\n\r\n{}",
-    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(300)) + b"\r\n",
-    b"POST /v1/" + b"a" * 200_000 + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
-    b"GET /v1/models\r\n\r\n",
-    b"\x00\x01\x02\x03 garbage\r\n\r\n",
-    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
-    b"POST /v1/completions HTTP/9.9\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
-    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
-    b"0\r\n\r\n",
-], ids=["two-cl", "negative-cl", "huge-cl", "float-cl", "nul-in-header", "300-headers", "200k-url",
-        "http09", "binary", "h2-preface", "http-9.9", "cl-and-te"])
-def test_protocol_errors(guard: harness.Router, simulator: harness.Simulator, raw: bytes) -> None:
-    """Requests the HTTP layer refuses: an HTTP 4xx (or a closed connection), never a 5xx,
-    a traceback or an engine request."""
+# (raw request, the status the router answers with; None: it closes without a reply)
+_PROTOCOL_ERRORS = {
+    "two-cl": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n{x}}", 400),
+    "negative-cl": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n{}", 400),
+    "huge-cl": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n{}",
+                400),
+    "float-cl": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1e3\r\n\r\n{}", 400),
+    "nul-in-header": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\nContent-Length: 2\r\n\r\n{}", 400),
+    "300-headers": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                    + b"".join(b"X-H%d: v\r\n" % i for i in range(300)) + b"\r\n", 431),
+    "200k-url": (b"POST /v1/" + b"a" * 200_000 + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 414),
+    "http09": (b"GET /v1/models\r\n\r\n", 400),
+    "binary": (b"\x00\x01\x02\x03 garbage\r\n\r\n", 400),
+    "h2-preface": (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", None),
+    "http-9.9": (b"POST /v1/completions HTTP/9.9\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 400),
+}
+
+
+@pytest.mark.parametrize("case", list(_PROTOCOL_ERRORS))
+def test_protocol_errors(guard: harness.Router, simulator: harness.Simulator, case: str) -> None:
+    """Requests the HTTP layer refuses, each with its own outcome: the status in the table
+    (or a closed connection for an HTTP/2 preface), never a traceback or an engine request."""
+    raw, status = _PROTOCOL_ERRORS[case]
     with connect(guard) as s:
         s.sendall(raw)
         try:
@@ -325,18 +329,35 @@ def test_protocol_errors(guard: harness.Router, simulator: harness.Simulator, ra
             pass
         data = read_until_close(s)
     assert_no_leak(data, simulator)
-    for reply in parse_replies(data) if data.startswith(b"HTTP/") else []:
-        assert 400 <= reply.status < 500, reply
+    if status is None:
+        assert data == b"", data[:300]
+    else:
+        assert [r.status for r in parse_replies(data)] == [status], data[:300]
+    assert harness.engine_total(simulator) == 0
+
+
+def test_content_length_with_transfer_encoding_is_refused(guard: harness.Router,
+                                                           simulator: harness.Simulator) -> None:
+    """Both framings at once (request smuggling): 400, and the connection is closed."""
+    raw = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+           b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+    with connect(guard) as s:
+        s.sendall(raw)  # no half-close here: the reply must not race our EOF
+        data = read_until_close(s)
+    assert_no_leak(data, simulator)
+    assert [r.status for r in parse_replies(data)] == [400], data[:300]
     assert harness.engine_total(simulator) == 0
 
 
 def test_huge_header_value(guard: harness.Router, simulator: harness.Simulator) -> None:
-    """A 200 KB header value: refused (4xx) by the router or the engine, never a 5xx or a leak."""
+    """A 200 KB header value: the router's HTTP layer refuses it (400: a header line over
+    its 8190-byte limit), never a 5xx, a leak or an engine request."""
     raw = request(b"/v1/completions", VALID, extra=b"X-Big: " + b"a" * 200_000 + b"\r\n", close=True)
     replies = exchange(guard, raw)
     assert len(replies) == 1, replies
-    assert replies[0].status in (200, 400, 431), replies
+    assert replies[0].status == 400, replies
     assert_no_leak(replies[0].body, simulator)
+    assert harness.engine_total(simulator) == 0
 
 
 # --- random request bytes -------------------------------------------------------------

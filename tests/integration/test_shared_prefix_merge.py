@@ -54,7 +54,7 @@ def test_merge_refuses_incomparable_runs() -> None:
 def test_kv_events_follow_the_enabled_plugins_not_the_comments() -> None:
     assert policies.POLICIES["kvcache-aware+least-request"].needs_kv_events
     assert not policies.POLICIES["prefix-cache+least-request"].needs_kv_events
-    # best.yaml mentions kvcache-aware in its comments only
+    # a configuration that names kvcache-aware in its comments only
     assert not policies.uses_kv_events("# kvcache-aware\nscheduler: {plugins: {Score: "
                                        "{enabled: [{name: prefix-cache, weight: 1}]}}}")
     assert policies.uses_kv_events("scheduler: {plugins: {Score: {enabled: [kvcache-aware]}}}")

@@ -2,7 +2,8 @@
 
 No wall-clock thresholds: the smoke run disables the lag rejection (--max-lag huge) and
 checks completeness and consistency, plus what the physics implies within one run: the
-oracle (which knows where each prefix is cached) hits the cache more than round-robin.
+greedy reference (which knows where each prefix is cached) hits the cache more than
+round-robin.
 The CI comparison (issue 4) keeps the lag rejection on and fails, saying why, when the
 machine could not keep the simulated schedule.
 """
@@ -17,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from loadtest.shared_prefix import cluster, policies, report
+from loadtest.shared_prefix import policies, report
 
 ROOT = Path(__file__).resolve().parents[2]
-HIT_MARGIN = 0.05  # oracle over round-robin, absolute (observed: ~20-35 points)
+HIT_MARGIN = 0.05  # greedy reference over round-robin, absolute (observed: ~20-35 points)
+GREEDY = policies.GREEDY
 
 
 def run_runner(out: Path, *args: str, timeout_s: float = 1200.0) -> dict[str, Any]:
@@ -51,6 +53,10 @@ def check_consistent(summary: dict[str, Any], policy: str) -> None:
         assert m["req_s"] > 0
         assert 0 < m["ttft_p50_s"] <= m["ttft_p90_s"] <= m["ttft_p99_s"]
         assert m["ttft_mean_s"] < m["e2e_mean_s"]
+        # the engines' TTFT is part of the client's: the router and client add the rest
+        assert 0 < c["engine_ttft_mean_s"] < m["ttft_mean_s"]
+        assert c["added_ttft_mean_ms"] == pytest.approx(
+            1000 * (m["ttft_mean_s"] - c["engine_ttft_mean_s"]))
         if "per_engine_requests" in c:
             assert sum(c["per_engine_requests"]) == n
     for metric, agg in r["aggregate"].items():
@@ -73,27 +79,41 @@ def assert_prefix_aware_wins(summary: dict[str, Any], aware: str, baseline: str)
     assert ttft_a < ttft_b, f"mean TTFT {aware} {ttft_a:.3f}s vs {baseline} {ttft_b:.3f}s"
 
 
-def test_runner_smoke_round_robin_and_oracle(tmp_path: Path) -> None:
-    # `cand`: a candidate routerConfiguration named on the command line (not in the table)
+def test_runner_smoke_round_robin_and_greedy_reference(tmp_path: Path) -> None:
+    # `cand`: a candidate routerConfiguration named on the command line (not in the table).
+    # The hot-spot guard is set to fire on any load gap (0 requests, 1x), so that the
+    # runner's count of its decisions must be positive; 8 groups over 3 engines with
+    # prefix affinity always leave one engine busier than another.
     cand = ROOT / "configs" / "scheduling" / "prefix-cache.yaml"
-    s = run_runner(tmp_path, "--profile", "tiny", "--policies", "round-robin,oracle,cand",
+    s = run_runner(tmp_path, "--profile", "tiny", "--policies", f"round-robin,{GREEDY},cand",
                    "--policy-config", f"cand={cand}", "--seeds", "1", "--max-lag", "1e9",
+                   "--router-arg=--hot-spot-abs=0", "--router-arg=--hot-spot-rel=1",
                    timeout_s=300)
-    for p in ("round-robin", "oracle", "cand"):
+    for p in ("round-robin", GREEDY, "cand"):
         check_consistent(s, p)
-    # a router with a scheduler reports its hot-spot guard decisions (a count, maybe 0)
-    assert row(s, "cand")["cells"][0]["hot_spot_reorders"] >= 0
+    assert row(s, "cand")["cells"][0]["hot_spot_reorders"] > 0
     assert "hot_spot_reorders" not in row(s, "round-robin")["cells"][0]
-    oracle_cell = row(s, "oracle")["cells"][0]
-    assert oracle_cell["oracle_cache_source"] in ("model", "admin")
-    assert mean(s, "oracle", "hit_rate") >= mean(s, "round-robin", "hit_rate") + HIT_MARGIN
+    greedy_cell = row(s, GREEDY)["cells"][0]
+    # engines without KV events do not publish their cache content: the greedy reference
+    # works from its own model of it
+    assert greedy_cell["greedy_cache_source"] == "model"
+    assert mean(s, GREEDY, "hit_rate") >= mean(s, "round-robin", "hit_rate") + HIT_MARGIN
     md = (tmp_path / "results.md").read_text()
-    assert "| round-robin | 1/1 |" in md and "| oracle | 1/1 |" in md
+    assert "| round-robin | 1/1 |" in md and f"| {GREEDY} | 1/1 |" in md
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         return
     assert (tmp_path / "ttft_kv0.5.png").stat().st_size > 0
+
+
+def test_runner_policy_aliases_and_seed_sets() -> None:
+    from loadtest.shared_prefix import runner
+
+    a = runner.parse_args(["--out", "unused", "--policies", "oracle"])
+    assert [p.name for p in a.policy_list] == [GREEDY]  # the earlier name still works
+    assert a.seed_list == [4, 5, 6]  # reported on seeds that configurations were not picked on
+    assert runner.parse_args(["--out", "unused", "--seeds", "tuning"]).seed_list == [1, 2, 3]
 
 
 def test_runner_refuses_a_candidate_without_a_file(tmp_path: Path) -> None:
@@ -104,11 +124,11 @@ def test_runner_refuses_a_candidate_without_a_file(tmp_path: Path) -> None:
 
 
 # The CI comparison: the `ci` profile (64 groups x 8 requests, published prompt shape and
-# per-group load, KV x0.5 = the published regime) at its time scale 6, seed 1: ~35
+# per-group load, KV x0.5 = the published regime) at its time scale 6, seed 4: ~35
 # simulated s -> ~4 wall minutes for both policies. Smaller runs shrink the batch per
 # engine, so decode takes a larger share of engine time and the physics' throughput gain
 # approaches 1.5x (docs/benchmarks.md): the margins would be noise.
-CI_ARGS = ("--profile", "ci", "--seeds", "1")
+CI_ARGS = ("--profile", "ci", "--seeds", "4")  # a report seed (docs/benchmarks.md)
 AWARE = "best"  # our shipped configuration (configs/scheduling/best.yaml)
 
 
@@ -118,8 +138,6 @@ def rejected_cells(summary: dict[str, Any], policies_: tuple[str, ...]) -> list[
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(not cluster.router_supports_config(),
-                    reason=f"router has no {policies.ROUTER_CONFIG_FLAG}")
 def test_prefix_aware_beats_random_ci(tmp_path: Path) -> None:
     """Issue 4's physics check, within one run: prefix-aware routing vs random."""
     pair = ("random", AWARE)

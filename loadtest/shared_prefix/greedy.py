@@ -1,4 +1,5 @@
-"""The oracle: a benchmark instrument (not a router plugin) that gives the table's ceiling.
+"""The greedy reference: a benchmark instrument (not a router plugin) that routes with
+full knowledge of the engines' state, one request at a time.
 
 The runner sends each request straight to the engine with the lowest predicted TTFT:
 
@@ -15,9 +16,13 @@ table the engines step with). What is cached where:
   holding as many prefixes as the engine's KV has room for beside its running
   sequences. The report says which of the two was used (`cache_source`).
 Queues (waiting = sent without a first token, running = streaming) come from the
-oracle's own bookkeeping: every request is its own and it sees the instant each one
+reference's own bookkeeping: every request is its own and it sees the instant each one
 gets its first token, which is fresher than the admin state (polled every POLL_S, used
 for each engine's true KV block count).
+
+It is a one-step greedy choice, not a ceiling: it never trades this request's TTFT for
+later ones (e.g. keeping a group on the engine that just evicted its prefix), so a
+router can beat it (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ class _Engine:
     true_hashes: set[int] | None = None  # from /cache when available
 
 
-class Oracle(Chooser):
+class GreedyReference(Chooser):
     def __init__(self, admin_url: str, n_engines: int, num_blocks: int, block_size: int,
                  shape: PromptShape, output_len: int, max_num_batched_tokens: int = 8192,
                  group_tokens: dict[int, list[int]] | None = None,
