@@ -97,7 +97,7 @@ class RouterMetrics:
         self.endpoint_healthy = Gauge(
             "kthena_router_endpoint_healthy", "1 if the endpoint is a candidate (not ejected)",
             ["model_server", "endpoint"], multiprocess_mode="livemin", registry=reg)
-        # --- scheduling (step 2); names and labels as Kthena's where it has them
+        # --- scheduling; names and labels as Kthena's where it has them
         self.plugin_duration = Histogram(
             "kthena_router_scheduler_plugin_duration_seconds",
             "Scheduling time per request: plugin=prefix-cache type=match (render + hash + index "

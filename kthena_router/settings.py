@@ -76,8 +76,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Period of each endpoint's /metrics + /v1/models scrape (only with a router config)."""
     hot_spot_abs: float = 64.0
     """Hot-spot guard: the affinity choice must be more than this many requests busier ...
-    (64 as sglang-router's balance_abs_threshold: at 32 the guard broke affinity on normal
-    batching variance, 1.5 points of hit rate and ~4% req/s on the shared-prefix benchmark)."""
+    (64 as sglang-router's balance_abs_threshold; smaller values break affinity on normal
+    batching variance, see docs/benchmarks.md)."""
     hot_spot_rel: float = 1.5
     """... and more than this many times busier than the least loaded one for load to win."""
     access_log: str = ""

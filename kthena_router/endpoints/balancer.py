@@ -4,7 +4,7 @@ Usable (endpoints/selection.py): not ejected and not stalled, or every endpoint 
 server when too few are usable (panic threshold).
 
 The proxy tries candidates in order (retry before the first byte moves to the next one),
-so a scheduling plugin (step 2) can replace this by returning a differently ordered list.
+so the scheduler can replace this by returning a differently ordered list.
 Counters are per worker process.
 """
 

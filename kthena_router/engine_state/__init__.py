@@ -1,5 +1,5 @@
 """Engine state for scheduling: scraped /metrics and /v1/models per endpoint, plus the
-router's own observed load. Not wired into the router yet (step 2 groundwork)."""
+router's own observed load, fed to the scheduler."""
 
 from .metrics_parse import LoraInfo, ParsedMetrics, normalize_flavour, parse_metrics
 from .scraper import EngineStateScraper, ObservedLoad, ScrapeTarget

@@ -130,7 +130,7 @@ class Forwarder:
 
     async def _shed(self, scope: Scope, send: Send, admission: Admission, t0: float) -> None:
         """Over the admission limit: 503 + Retry-After before reading the body, so that
-        memory does not grow with the queue (step 5's fair queue replaces this)."""
+        memory does not grow with the queue."""
         retry_after = str(max(1, math.ceil(admission.retry_after_s))).encode()
         err = RequestError(503, f"the router is overloaded ({self.in_flight} requests in flight in this "
                                 f"worker, limit {admission.max_in_flight_per_worker}); retry after "

@@ -7,7 +7,7 @@ The OpenAI-compatible paths that vLLM and SGLang serve under /v1. Engine managem
 `/v1/responses/{id}` (GET) and `/v1/responses/{id}/cancel` (POST) carry no model: they go
 to the engine that stored the response (see response_ids.py).
 
-Multipart bodies (/v1/audio/transcriptions, /v1/audio/translations) are refused with 501:
+Multipart bodies (/v1/audio/transcriptions, /v1/audio/translations) are refused with 415:
 the router routes by the JSON body's `model`, and finding it in a multipart upload would
 mean buffering or parsing uploads of many megabytes on the hot path. See docs/architecture.md.
 """
@@ -57,7 +57,7 @@ LABELS = frozenset(a.label for a in _TABLE.values()) | {_BY_ID_LABEL}
 
 
 def resolve(method: str, path: str) -> ApiPath:
-    """The API of a proxied request; RequestError (404/405/501) for anything else."""
+    """The API of a proxied request; RequestError (404/405/415) for anything else."""
     api = _TABLE.get(path)
     if api is None and path.startswith(_RESPONSES_PREFIX):
         api = _by_id(method, path[len(_RESPONSES_PREFIX):])
@@ -66,8 +66,10 @@ def resolve(method: str, path: str) -> ApiPath:
     if method != api.method:
         raise RequestError(405, f"method {method} is not allowed on {path}")
     if api.multipart:
-        raise RequestError(501, f"{path} (multipart/form-data) is not supported by this router; "
-                                "send it to the engine directly", type_="NotImplementedError")
+        # 415, not 501: the router refuses the media type (a client-side choice), it is not
+        # failing; every 5xx stays an upstream or router fault.
+        raise RequestError(415, f"{path} (multipart/form-data uploads) is not supported by this router; "
+                                "send it to the engine directly")
     return api
 
 

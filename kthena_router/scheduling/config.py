@@ -16,8 +16,8 @@ broken pipeline; we name the file, document and field instead):
     an empty placeholder loads), and ``sessionSticky`` only with ``backend: memory``;
   * a Score entry without ``weight`` gets weight 1 (Kthena: 0, i.e. the plugin does nothing);
   * non-positive integer arguments fall back to the default with a warning (as Kthena, which
-    is silent); unknown argument keys and unknown top-level keys are warnings (Kthena ignores
-    them), so configs written for newer Kthena versions still load.
+    is silent); unknown argument keys and unknown fields are errors (Kthena ignores them; a
+    setting accepted and then dropped is worse than a config that does not load).
   * ``random`` next to other score plugins is dropped with a warning, as in Kthena.
 """
 
@@ -202,7 +202,9 @@ def _mapping(c: _Ctx, v: Any, path: str, known: tuple[str, ...]) -> dict[str, An
     for k in v:
         if k not in known:
             p = f"{path}.{k}" if path else str(k)
-            c.warn(p, f"unknown field, ignored{_hint(str(k), known)}")
+            # refused, not ignored: a setting the router would silently drop is worse than a
+            # config that does not load (a typo, or a field of a newer Kthena we lack)
+            c.err(p, f"unknown field{_hint(str(k), known)}")
     return v
 
 

@@ -2,19 +2,17 @@
 
 The index stores one entry per `block_size_to_hash` bytes of prompt; the engine caches
 tokens. To mirror an engine's cache the index needs the engine's KV tokens converted to
-prompt bytes, and bytes per token is a property of the traffic, not a constant: ~4 for
-English chat, ~11 for the benchmark's one-token words, ~1.5 for CJK text per byte-level
-token. A fixed guess of 4 left the index holding 37% of what the engines cached on the
-shared-prefix benchmark (docs/benchmarks.md): the router believed prefixes gone that were
-still cached, groups scattered, hit rate 48% instead of 78%. So the ratio is learned from
-the engines' own usage reports (prompt_tokens) against the bytes the router hashed.
+prompt bytes, and bytes per token is a property of the traffic, not a constant (English
+chat, CJK text and synthetic prompts differ several-fold). A fixed guess makes the router
+believe prefixes gone that are still cached (or the reverse), so the ratio is learned from
+the engines' own usage reports (prompt_tokens) against the bytes the router hashed
+(figures in docs/benchmarks.md).
 
 HEADROOM: the index remembers a prefix somewhat longer than the engine keeps it. When a
 prefix was evicted, the next request of its group still goes where the group was served
 (one re-prefill there, the partition stays stable) instead of scattering to the least
-loaded engine. Measured on the benchmark: an index that never forgot within the run gave
-40.2 req/s against 37.9 for exact KV events, which forget at eviction. Memory: ~36 B per
-entry, i.e. for an 850k-token engine at 4 B/token 2 x 53k entries = 3.8 MB per endpoint.
+loaded engine (docs/benchmarks.md compares this with exact KV events, which forget at
+eviction). Memory: ~36 B per entry.
 """
 
 from __future__ import annotations

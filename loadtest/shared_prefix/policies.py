@@ -1,6 +1,6 @@
 """The policy table: every routing setup the runner can put in front of the engines.
 
-One place to edit when the router's scheduling plugins land (step 2): a `router` policy
+One place to edit for the router's scheduling setups: a `router` policy
 is our router with a Kthena routerConfiguration (YAML text written to a file and passed
 with ROUTER_CONFIG_FLAG) plus extra CLI args. `--policy-config NAME=PATH` on the runner
 replaces a policy's YAML with a file (e.g. to try "best" variants without editing here).

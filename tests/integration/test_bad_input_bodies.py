@@ -262,7 +262,7 @@ def test_duplicate_escaped_and_odd_spellings(guard: harness.Router, simulator: h
 
 
 @pytest.mark.parametrize("ctype", [None, "text/plain", "application/x-www-form-urlencoded",
-                                   "multipart/form-data; boundary=x", "application/json; charset=latin-1",
+                                   "application/json; charset=latin-1",
                                    "application/xml"])
 def test_wrong_content_type(guard: harness.Router, simulator: harness.Simulator, http: httpx.Client,
                             ctype: str | None) -> None:
@@ -273,6 +273,14 @@ def test_wrong_content_type(guard: harness.Router, simulator: harness.Simulator,
     assert r.status_code == 200, (ctype, r.status_code, r.text[:300])
     assert r.json()["object"] == "text_completion"
     assert harness.engine_total(simulator) == 1
+
+
+def test_multipart_content_type_on_a_json_path_is_415(guard: harness.Router, simulator: harness.Simulator,
+                                                      http: httpx.Client) -> None:
+    """A JSON body labelled multipart is refused, not guessed at: the engine would parse a form."""
+    r = post(http, guard, COMPL, json.dumps(_valid(COMPL)).encode(), "multipart/form-data; boundary=x")
+    assert_openai_error(r, simulator, 415)
+    assert harness.engine_total(simulator) == 0
 
 
 # --- methods and paths ---------------------------------------------------------------

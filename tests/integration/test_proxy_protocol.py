@@ -238,7 +238,7 @@ def test_paths_outside_the_allow_list(router: harness.Router, method: str, path:
 def test_multipart_is_refused_clearly(router: harness.Router, simulator: harness.Simulator) -> None:
     with pytest.raises(openai.APIStatusError) as exc:
         router.openai().audio.transcriptions.create(model="demo", file=("a.wav", b"RIFF0000WAVE", "audio/wav"))
-    assert exc.value.status_code == 501 and "multipart" in exc.value.body["message"]
+    assert exc.value.status_code == 415 and "multipart" in exc.value.body["message"]
     with httpx.Client(timeout=60) as http:
         r = http.post(router.openai_url + "/chat/completions", files={"file": ("x", b"abc")},
                       data={"model": "demo"})

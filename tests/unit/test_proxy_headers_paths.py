@@ -74,7 +74,7 @@ def test_method_and_multipart() -> None:
     assert exc.value.status == 405
     with pytest.raises(RequestError) as exc:
         resolve("POST", "/v1/audio/transcriptions")
-    assert exc.value.status == 501 and "multipart" in exc.value.message
+    assert exc.value.status == 415 and "multipart" in exc.value.message
 
 
 def test_responses_by_id() -> None:

@@ -226,17 +226,28 @@ def test_missing_file(tmp_path):
 
 
 def test_warnings_not_errors(tmp_path):
-    text = ("scheduler:\n  pluginConfig:\n  - {name: prefix-cache, args: {blockSizeToHash: 0, futureArg: 1}}\n"
+    text = ("scheduler:\n  pluginConfig:\n  - {name: prefix-cache, args: {blockSizeToHash: 0}}\n"
             "  - {name: session-affinity, args: {headerName: X-S}}\n"
             "  plugins:\n    Score:\n      enabled:\n      - {name: random, weight: 1}\n"
-            "      - {name: gpu-usage}\nnewTopLevel: {}\n")
+            "      - {name: gpu-usage}\n")
     cfg = load(text, tmp_path)
     assert cfg.scheduler.args["prefix-cache"].block_size_to_hash == 64  # default, as Kthena
     assert cfg.scheduler.scores == (ScorePlugin("gpu-usage", 1.0),)  # random dropped; weight 1
     joined = "\n".join(cfg.warnings)
-    for needle in ("blockSizeToHash", "futureArg", "session-affinity", "'random' is dropped",
-                   "enabled[1].weight", "newTopLevel"):
+    for needle in ("blockSizeToHash", "session-affinity", "'random' is dropped", "enabled[1].weight"):
         assert needle in joined
+
+
+@pytest.mark.parametrize("text, field", [
+    ("scheduler:\n  pluginConfig:\n  - {name: prefix-cache, args: {futureArg: 1}}\n",
+     "scheduler.pluginConfig[0].args.futureArg"),
+    ("newTopLevel: {}\n", "newTopLevel"),
+    ("scheduler:\n  plugins: {Score: {enabeld: []}}\n", "scheduler.plugins.Score.enabeld"),
+])
+def test_unknown_fields_are_refused_not_ignored(tmp_path, text, field):
+    with pytest.raises(ConfigError) as exc:
+        load(text, tmp_path)
+    assert any(p.field == field and "unknown field" in p.message for p in exc.value.problems), str(exc.value)
 
 
 def test_digest_and_bytes_entry():
