@@ -8,7 +8,7 @@ EXT    := kthena_router/_core.abi3.so
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 RUST_SRC := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml
 
-.PHONY: run test build cargo-test pytest bench bench-overhead clean
+.PHONY: run test build cargo-test pytest bench bench-overhead clean redis-server
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,14 @@ run: build
 cargo-test:
 	cargo test --release -p kthena-core
 
-pytest: build
+# Debian's redis-server: tests of global rate limits and shared session stores run a real one.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing Debian's redis-server"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+
+pytest: build redis-server
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 
 test: build cargo-test pytest
