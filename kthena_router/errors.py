@@ -18,9 +18,12 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 # type names per status (vLLM/OpenAI style)
 _TYPES = {
     400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
     413: "RequestTooLargeError",
+    429: "RateLimitError",
     499: "ClientClosedRequest",
     500: "InternalServerError",
     502: "upstream_error",
@@ -33,8 +36,9 @@ class RequestError(Exception):
     """A request the router refuses; carries everything the error body needs."""
 
     def __init__(self, status: int, message: str, type_: str | None = None, param: str | None = None,
-                 code: int | str | None = None) -> None:
+                 code: int | str | None = None, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
         super().__init__(message)
+        self.headers = list(headers)  # extra response headers: WWW-Authenticate, Retry-After, x-ratelimit-*
         self.status = status
         self.message = message
         self.type = type_ or _TYPES.get(status, "error")
@@ -64,6 +68,7 @@ async def send_error(send: Send, err: RequestError, extra_headers: Iterable[tupl
     """Write a complete JSON error response on a raw ASGI `send`."""
     body = error_body(err.status, err.message, err.type, err.param, err.code)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers.extend(err.headers)
     headers.extend(extra_headers)
     await send({"type": "http.response.start", "status": err.status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
