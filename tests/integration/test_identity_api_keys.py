@@ -150,3 +150,23 @@ def test_bad_keys_file_at_start_exits_naming_file_and_field(tmp_path: Path, simu
         assert f"{rc}: document 1: auth.apiKeysFile: {keys_path}: keys[0].sha256: must be the 64 hex digits" in err
     finally:
         router.stop()
+
+
+def test_auth_turned_on_and_off_by_a_router_configuration_reload(simulator: harness.Simulator, tmp_path: Path,
+                                                                 router_workers: int) -> None:
+    ah.write_keys_file(tmp_path / "rc" / "keys.yaml", KEYS)
+    rc = ah.write_text(tmp_path / "rc" / "router-config.yaml", "auth: {}\n")  # Kthena's empty placeholder: off
+    config = harness.write_config(tmp_path / "cfg" / "routes.yaml", harness.engine_config(simulator.ports))
+    router = harness.start_router(config, tmp_path, workers=router_workers, extra_args=["--router-config", str(rc)])
+    http = httpx.Client(timeout=30)
+    try:
+        assert _post(http, router, {}).status_code == 200
+        ah.write_router_config(rc, ah.auth_section(Path("keys.yaml")))
+        harness.wait_until(lambda: _refused_by_all(http, router, {}), 30, interval=0.2, what="auth on")
+        assert _post(http, router, {"authorization": "Bearer sk-alice-0123456789"}).status_code == 200
+        ah.write_text(rc, "auth: {}\n")
+        harness.wait_until(lambda: all(_post(http, router, {}).status_code == 200 for _ in range(6)), 30,
+                           interval=0.2, what="auth off")
+    finally:
+        http.close()
+        router.stop()

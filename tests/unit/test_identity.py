@@ -116,6 +116,18 @@ def test_bad_auth_section(tmp_path: Path, auth: dict[str, Any], field: str, word
     assert any(p == field and words in m for p, m in c.errors), c.errors
 
 
+def test_jwks_file_is_read_with_the_section(tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "jwks.json").write_text(json.dumps(jk.jwks(jk.new_key("k1", "ES256"))))
+    c = Collect()
+    cfg = parse_auth(c, {"jwksFile": "jwks.json", "issuer": "i", "audiences": ["a"]}, tmp_path)
+    assert c.errors == [] and cfg is not None and cfg.jwt and list(cfg.jwks.keys) == ["k1"]
+    (tmp_path / "jwks.json").write_text("{}")
+    parse_auth(c, {"jwksFile": "jwks.json"}, tmp_path)
+    assert c.errors and c.errors[0][0] == "auth.jwksFile" and "jwks.json: keys:" in c.errors[0][1]
+
+
 def test_jwt_without_issuer_or_audience_warns(tmp_path: Path) -> None:
     c = Collect()
     parse_auth(c, {"jwksUri": "http://idp.example/jwks"}, tmp_path)
@@ -232,3 +244,13 @@ def test_authenticator_picks_jwt_or_api_key_by_shape() -> None:
     with pytest.raises(AuthRefused) as ei:
         asyncio.run(jwt_only.authenticate({"authorization": "Bearer sk-1"}))
     assert ei.value.reason == "malformed_token"
+
+
+def test_example_configuration_loads_and_its_demo_key_authenticates() -> None:
+    from kthena_router.scheduling.config import load_router_configuration_file
+
+    root = Path(__file__).resolve().parents[2]
+    rc = load_router_configuration_file(root / "configs" / "auth" / "router-config.yaml")
+    assert rc.auth is not None and rc.auth.keys is not None and not rc.auth.jwt
+    found = rc.auth.keys.lookup("sk-demo-0000000000000000")
+    assert found is not None and found.identity.tenant == "demo"
