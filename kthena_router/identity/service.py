@@ -119,6 +119,7 @@ class IdentityService:
         if store is not None and cfg.jwks_uri:
             if self._session is None:
                 self._session = aiohttp.ClientSession()
+            store.session = self._session  # requests before the first fetch step join it
             self._tasks.append(loop.create_task(store.run(self._session)))
 
     def _stop_sources(self) -> None:
