@@ -171,6 +171,8 @@ class _Request(Exchange):
         downstream = None
         try:
             try:
+                if hdrs.refusal is not None:
+                    raise hdrs.refusal
                 api = self.api = resolve(self.scope["method"], self.path)
                 self.path_label = api.label
                 self.stream_end = api.stream_end
