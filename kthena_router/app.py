@@ -67,19 +67,6 @@ _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRA
 _KNOWN_METHODS = frozenset(_ALL_METHODS)
 
 
-def _header_refusal(headers: list[tuple[bytes, bytes]]) -> RequestError | None:
-    """Request headers the forwarder cannot honour: a compressed body (it parses and forwards
-    the body as plain JSON, so the engine would try to decompress plain bytes) and an
-    ambiguous Content-Type (engines refuse it in their own, non-OpenAI, format)."""
-    ctypes = 0
-    for k, v in headers:
-        if k == b"content-encoding" and v.strip().lower() not in (b"", b"identity"):
-            return RequestError(415, f"Content-Encoding {v.decode('latin-1')!r} is not supported: "
-                                     "send the request body uncompressed")
-        ctypes += k == b"content-type"
-    return RequestError(400, "more than one Content-Type header") if ctypes > 1 else None
-
-
 async def _models(request: Request) -> Response:
     if request.method not in ("GET", "HEAD"):
         return error_response(405, f"method {request.method} is not allowed on /v1/models")
@@ -248,11 +235,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
         if scope["type"] == "http":
             path = scope["path"]
             if path.startswith("/v1/") and path != "/v1/models":
-                refusal = _header_refusal(scope["headers"])
-                if refusal is None:
-                    await forwarder(scope, receive, send)
-                else:
-                    await send_error(send, refusal)
+                await forwarder(scope, receive, send)
                 return
             # starlette would answer these in plain text (or redirect a target such as "PUT")
             if scope["method"] not in _KNOWN_METHODS:

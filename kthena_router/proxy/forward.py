@@ -177,6 +177,8 @@ class _Request(Exchange):
             try:
                 if self.fw.auth is not None:  # before the body is read: a refused client sends no more
                     self.identity = await self.fw.auth.authenticate(self.header_map)
+                if hdrs.refusal is not None:
+                    raise hdrs.refusal
                 api = self.api = resolve(self.scope["method"], self.path)
                 self.path_label = api.label
                 self.stream_end = api.stream_end
