@@ -29,6 +29,7 @@ from kthena_router.endpoints.balancer import Balancer
 from kthena_router.endpoints.health import HealthProber
 from kthena_router.endpoints.registry import EndpointState
 from kthena_router.errors import RequestError, send_error
+from kthena_router.identity.model import ANONYMOUS
 from kthena_router.metrics import RouterMetrics
 from kthena_router.proxy.body import ClientDisconnected, content_length, needs_usage_injection, parse_body, \
     read_body, rewrite
@@ -40,6 +41,7 @@ from kthena_router.proxy.relay import Exchange, Message, Receive, Scope, Send
 from kthena_router.proxy.response_ids import ResponseIds, StoredAt
 from kthena_router.proxy.sse import StreamEnd
 from kthena_router.proxy.upstream import Response, UpstreamPool
+from kthena_router.ratelimit.limiter import Limiter
 from kthena_router.routing.table import RouteMatch, RouteNotFound
 from kthena_router.scheduling.request import RequestInfo
 from kthena_router.settings import RouterSettings
@@ -103,6 +105,7 @@ class Forwarder:
         self.metrics = metrics
         self.executor = executor or Executor(settings, pool, balancer, metrics, prober)
         self.needs_info = balancer.needs_request_info
+        self.limiter: Limiter | None = None  # token rate limits (app.py sets it)
         # Weighted route splits; per worker. A fixed seed makes a 1-worker run reproducible.
         self.rng = random.Random(settings.route_seed)
         self.in_flight = 0
@@ -193,6 +196,9 @@ class _Request(Exchange):
                 targets = state.targets.get(match.server.key, ())
                 pinned = self._pinned(api, body, targets)
                 self.model_label = body.model
+                limiter = self.fw.limiter
+                if limiter is not None and (plan := limiter.plan(match.route, ANONYMOUS)) is not None:
+                    self.rl = await plan.admit(self, body, ANONYMOUS)  # 429 / 400 / 503
                 downstream = self.fw.metrics.downstream(body.model)
                 downstream.inc()
                 watch = self.watch = _Disconnect(receive)
@@ -234,6 +240,8 @@ class _Request(Exchange):
                 watch.close()
             if downstream is not None:
                 downstream.dec()
+            if self.rl is not None:
+                self.rl.settle(self)
             duration = time.perf_counter() - self.t0
             self.fw.metrics.observe_request(
                 self.model_label, self.path_label, self.status, self.error_type, self.route_label,
