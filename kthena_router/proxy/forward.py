@@ -29,7 +29,8 @@ from kthena_router.endpoints.balancer import Balancer
 from kthena_router.endpoints.health import HealthProber
 from kthena_router.endpoints.registry import EndpointState
 from kthena_router.errors import RequestError, send_error
-from kthena_router.identity.model import ANONYMOUS
+from kthena_router.identity.authenticate import Authenticator
+from kthena_router.identity.model import ANONYMOUS, Identity
 from kthena_router.metrics import RouterMetrics
 from kthena_router.proxy.body import ClientDisconnected, content_length, needs_usage_injection, parse_body, \
     read_body, rewrite
@@ -106,6 +107,7 @@ class Forwarder:
         self.executor = executor or Executor(settings, pool, balancer, metrics, prober)
         self.needs_info = balancer.needs_request_info
         self.limiter: Limiter | None = None  # token rate limits (app.py sets it)
+        self.auth: Authenticator | None = None  # set by the identity service when auth is configured
         # Weighted route splits; per worker. A fixed seed makes a 1-worker run reproducible.
         self.rng = random.Random(settings.route_seed)
         self.in_flight = 0
@@ -147,7 +149,7 @@ class Forwarder:
 class _Request(Exchange):
     """State of one request; methods are the steps of Forwarder's hot path."""
 
-    __slots__ = ("fw", "scope", "fwd_headers", "header_map", "response_headers", "watch", "api")
+    __slots__ = ("fw", "scope", "fwd_headers", "header_map", "response_headers", "watch", "api", "identity")
 
     def __init__(self, fw: Forwarder, scope: Scope, t0: float, send: Send) -> None:
         path: str = scope["path"]
@@ -160,6 +162,7 @@ class _Request(Exchange):
         self.response_headers: list[tuple[bytes, bytes]] = []
         self.watch: _Disconnect | None = None
         self.api: ApiPath | None = None
+        self.identity: Identity = ANONYMOUS
 
     # --- entry ----------------------------------------------------------------------
 
@@ -174,6 +177,8 @@ class _Request(Exchange):
         downstream = None
         try:
             try:
+                if self.fw.auth is not None:  # before the body is read: a refused client sends no more
+                    self.identity = await self.fw.auth.authenticate(self.header_map)
                 api = self.api = resolve(self.scope["method"], self.path)
                 self.path_label = api.label
                 self.stream_end = api.stream_end
@@ -197,8 +202,8 @@ class _Request(Exchange):
                 pinned = self._pinned(api, body, targets)
                 self.model_label = body.model
                 limiter = self.fw.limiter
-                if limiter is not None and (plan := limiter.plan(match.route, ANONYMOUS)) is not None:
-                    self.rl = await plan.admit(self, body, ANONYMOUS)  # 429 / 400 / 503
+                if limiter is not None and (plan := limiter.plan(match.route, self.identity)) is not None:
+                    self.rl = await plan.admit(self, body, self.identity)  # 429 / 400 / 503
                 downstream = self.fw.metrics.downstream(body.model)
                 downstream.inc()
                 watch = self.watch = _Disconnect(receive)
