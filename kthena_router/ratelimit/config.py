@@ -236,7 +236,7 @@ def parse_key_limits(c: Collector, v: Any, path: str) -> KeyLimits | None:
     if m is None:
         return None
     cap = check_int(c, m.get("maxPromptTokens"), join_path(path, "maxPromptTokens"), 1, _MAX)
-    rest = {k: x for k, x in m.items() if k != "maxPromptTokens"}
+    rest = {k: m[k] for k in _LIMIT_KEYS if k in m}  # unknown keys are reported above
     limit = parse_limit(c, rest, path, allow_off=cap is not None)
     if limit is None and cap is None:
         return None

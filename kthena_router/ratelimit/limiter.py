@@ -42,11 +42,12 @@ _MAX_LOCAL_BUCKETS = 100_000  # then full (idle) buckets are dropped: a new one 
 class _Slot:
     """One bucket of one dimension as a request sees it."""
 
-    __slots__ = ("dim", "bucket", "store", "desc", "limit", "unit", "scale")
+    __slots__ = ("dim", "bucket", "store", "desc", "kind", "limit", "unit", "scale")
 
     def __init__(self, dim: int, bucket: LocalBucket | LeasedBucket, store: RedisStore | None, desc: str,
-                 limit: int, unit: str, scale: float) -> None:
+                 kind: str, limit: int, unit: str, scale: float) -> None:
         self.dim = dim
+        self.kind = kind  # model | route | tenant | user | tm | key (the metric's reason)
         self.bucket = bucket
         self.store = store
         self.desc = desc  # "route default/llama", "tenant acme", ...
@@ -134,6 +135,7 @@ class Limiter:
         if out is not None:
             return out
         unit_s = UNIT_SECONDS[limit.unit]
+        kind = "model" if kthena else scope.split(":")[2]
         made: list[_Slot] = []
         for dim, cap in ((REQUESTS, limit.requests), (INPUT, limit.input_tokens), (OUTPUT, limit.output_tokens)):
             if cap is None:
@@ -147,7 +149,7 @@ class Limiter:
                 # Several workers: each holds its share (see docs/ratelimit.md; Redis is exact).
                 scale = float(self.workers)
                 bucket = self._local_bucket(key, cap / scale, cap / unit_s / scale)
-            made.append(_Slot(dim, bucket, store, desc, cap, limit.unit, scale))
+            made.append(_Slot(dim, bucket, store, desc, kind, cap, limit.unit, scale))
         out = self._slots[ck] = tuple(made)
         return out
 
@@ -178,7 +180,8 @@ class Limiter:
 class Plan:
     """One route's limits."""
 
-    __slots__ = ("limiter", "label", "model", "lset", "fixed", "store", "origin", "estimator", "dynamic", "active")
+    __slots__ = ("limiter", "label", "model", "lset", "fixed", "store", "origin", "estimator", "dynamic", "active",
+                 "admitted", "charged_in", "charged_out")
 
     def __init__(self, limiter: Limiter, label: str, model: str, lset: LimitSet, fixed: tuple[_Slot, ...],
                  store: RedisStore | None, origin: dict[str, str] | None = None) -> None:
@@ -190,6 +193,10 @@ class Plan:
         self.store = store  # the section's Redis (tenant, user and key buckets), None = local
         self.origin = origin or {}
         self.estimator = limiter.estimator(label)
+        m = limiter.metrics  # the per-request metric children, resolved once
+        self.admitted = m.child(m.decisions, label, "admitted", "")
+        self.charged_in = m.child(m.charged, label, "input")
+        self.charged_out = m.child(m.charged, label, "output")
         self.active = True
         self.dynamic = lset.per_tenant is not None or lset.per_user is not None \
             or lset.per_tenant_model is not None or bool(lset.tenants)
@@ -257,11 +264,14 @@ class Plan:
                     continue
             if r is not None:
                 ticket.rollback()
-                metrics.decision(self.label, "limited", f"{_DIM_NAMES[dim]}/{slot.desc.split(' ', 1)[0]}")
+                metrics.decision(self.label, "limited", f"{_DIM_NAMES[dim]}/{slot.kind}")
                 metrics.exceeded_for(x.model_label, _DIM_NAMES[dim], x.path_label)
                 raise _refusal(slot, r, need)
             ticket.add(slot, need if consume else 0)
-        metrics.decision(self.label, "failed_open" if failed_open else "admitted")
+        if failed_open:
+            metrics.decision(self.label, "failed_open")
+        else:
+            self.admitted.inc()
         return ticket
 
 
@@ -319,9 +329,10 @@ class Ticket:
         if charged_out != self.streamed_events:
             for slot in self.outputs:
                 slot.charge(charged_out - self.streamed_events)
-        metrics = plan.limiter.metrics
-        metrics.charge(plan.label, "input", charged_in)
-        metrics.charge(plan.label, "output", charged_out)
+        if charged_in:
+            plan.charged_in.inc(charged_in)
+        if charged_out:
+            plan.charged_out.inc(charged_out)
 
 
 def reset_text(seconds: float) -> str:

@@ -31,7 +31,7 @@ class RateLimitMetrics:
             ["address"], registry=registry)
         self._children: dict[tuple[Any, ...], Any] = {}
 
-    def _child(self, family: Any, *key: str) -> Any:
+    def child(self, family: Any, *key: str) -> Any:
         ck = (id(family), *key)
         child = self._children.get(ck)
         if child is None:
@@ -39,14 +39,10 @@ class RateLimitMetrics:
         return child
 
     def decision(self, route: str, result: str, reason: str = "") -> None:
-        self._child(self.decisions, route, result, reason).inc()
+        self.child(self.decisions, route, result, reason).inc()
 
     def exceeded_for(self, model: str, limit_type: str, path: str) -> None:
-        self._child(self.exceeded, model, limit_type, path).inc()
-
-    def charge(self, route: str, token_type: str, n: int) -> None:
-        if n:
-            self._child(self.charged, route, token_type).inc(n)
+        self.child(self.exceeded, model, limit_type, path).inc()
 
     def redis_error(self, address: str) -> None:
-        self._child(self.redis_errors, address).inc()
+        self.child(self.redis_errors, address).inc()

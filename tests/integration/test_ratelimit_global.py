@@ -93,6 +93,7 @@ def test_three_routers_share_one_global_hourly_budget(tmp_path: Path) -> None:
         prompt, _ = _engine_tokens(sim)
         refill = inp / 3600 * (time.monotonic() - t0)
         lease = inp * LEASE_PERCENT / 100
+        print(f"input: admitted {prompt:.0f} of {inp} (+{refill:.0f} refilled), {stats}")
         assert stats["refused"] > 0 and stats["ok"] > 100, stats
         # 98-100% of the budget (plus what refilled meanwhile), at most one lease per router over
         assert 0.98 * inp <= prompt <= inp + refill + 3 * lease, (prompt, refill, stats)
@@ -104,6 +105,7 @@ def test_three_routers_share_one_global_hourly_budget(tmp_path: Path) -> None:
         gen = _engine_tokens(sim)[1] - before_out
         refill = out / 3600 * (time.monotonic() - t0)
         in_flight = 3 * CLIENTS_PER_ROUTER * max_tokens
+        print(f"output: {gen:.0f} of {out} (+{refill:.0f} refilled, in-flight bound {in_flight}), {stats}")
         assert stats["refused"] > 0, stats
         # output is charged as it streams: overshoot at most the in-flight requests' max_tokens
         assert 0.98 * out <= gen <= out + refill + in_flight, (gen, refill, stats)
