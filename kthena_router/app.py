@@ -43,6 +43,8 @@ from kthena_router.loop_lag import LoopLagSampler
 from kthena_router.metrics import RouterMetrics, ensure_multiprocess
 from kthena_router.proxy.forward import Forwarder, Receive, Scope, Send
 from kthena_router.proxy.upstream import H1Pool, UpstreamPool
+from kthena_router.ratelimit.limiter import Limiter
+from kthena_router.ratelimit.metrics import RateLimitMetrics
 from kthena_router.router_config_reload import RouterConfigHolder, RouterConfigReloader
 from kthena_router.scheduling.config import load_router_configuration_bytes, load_router_configuration_file
 from kthena_router.settings import RouterSettings
@@ -133,6 +135,8 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                           settings.health_probe_timeout_s)
     access_log = AccessLog(settings.access_log, settings.access_log_flush_s) if settings.access_log else None
     forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober, access_log=access_log)
+    limiter = forwarder.limiter = Limiter(RateLimitMetrics(metrics.registry), lambda: (
+        rc.rate_limits if (rc := router_config.current) is not None else None), settings.workers)
     identity = IdentityService(settings, metrics.registry, lambda auth: setattr(forwarder, "auth", auth))
     if router_config.current is not None:
         identity.install(router_config.current.auth)
@@ -219,6 +223,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             await pool.close()
+            await limiter.close()  # leases back to Redis
             if access_log is not None:
                 await access_log.close()
 

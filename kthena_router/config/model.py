@@ -74,7 +74,7 @@ class ModelRoute:
     model_name: str | None
     lora_adapters: tuple[str, ...]
     rules: tuple[RouteRule, ...]
-    rate_limit: RateLimit | None  # None until enforced: the loader refuses spec.rateLimit
+    rate_limit: RateLimit | None  # Kthena's spec.rateLimit, enforced by kthena_router.ratelimit
     creation_timestamp: datetime | None
     order: int  # position among all objects of the source, for conflict resolution
     parent_refs: tuple[dict[str, Any], ...] = ()  # no effect: file mode has one listener for every route

@@ -25,7 +25,7 @@ MAX_LORA_ADAPTERS = 10
 MAX_RULES = 16
 MAX_TARGETS = 16
 _RATE_UNITS = ("second", "minute", "hour", "day", "month")
-# sessionSticky: Kthena's route-level session affinity (proposal), refused like rateLimit.
+# sessionSticky: Kthena's route-level session affinity (proposal), refused until enforced.
 _SPEC_FIELDS = ("modelName", "loraAdapters", "parentRefs", "rules", "rateLimit", "sessionSticky")
 
 
@@ -60,9 +60,7 @@ def parse_model_route(c: Ctx, meta: ObjectMeta, v: Any, order: int) -> ModelRout
             rule = _rule(c, r, f"spec.rules[{i}]")
             if rule is not None:
                 rules.append(rule)
-    rate_limit = _rate_limit(c, spec.get("rateLimit"), "spec.rateLimit")
-    if rate_limit is not None:
-        refuse(c, "spec.rateLimit", "token rate limiting (rateLimit)")
+    rate_limit = _rate_limit(c, spec.get("rateLimit"), "spec.rateLimit")  # enforced by kthena_router.ratelimit
     if spec.get("sessionSticky") is not None:
         refuse(c, "spec.sessionSticky", "route-level session affinity (sessionSticky)")
     if len(c.problems) > before:
@@ -158,8 +156,7 @@ def _targets(c: Ctx, v: Any, path: str) -> tuple[TargetModel, ...] | None:
 
 
 def _rate_limit(c: Ctx, v: Any, path: str) -> RateLimit | None:
-    """Shape check of rateLimit (Kthena's CRD rules), so that a refused block is also
-    reported precisely; the caller refuses any present rateLimit."""
+    """rateLimit (Kthena's CRD rules). Enforced by kthena_router.ratelimit (docs/ratelimit.md)."""
     if v is None:
         return None
     m = check_mapping(c, v, path, ("inputTokensPerUnit", "outputTokensPerUnit", "unit", "global"))
@@ -174,8 +171,12 @@ def _rate_limit(c: Ctx, v: Any, path: str) -> RateLimit | None:
         g = check_mapping(c, m["global"], gp, ("redis",))
         if g is not None and g.get("redis") is not None:
             rp = join_path(gp, "redis")
-            r = check_mapping(c, g["redis"], rp, ("address", "password"), required=("address",))
+            r = check_mapping(c, g["redis"], rp, ("address",), required=("address",))
             if r is not None:
                 redis_addr = check_str(c, r.get("address"), join_path(rp, "address"))
+                host, sep, port = (redis_addr or "").rpartition(":")
+                if redis_addr is not None and not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+                    c.err(join_path(rp, "address"), f"must be host:port, got {redis_addr!r}")
+                    redis_addr = None
     return RateLimit(unit=unit or "second", input_tokens_per_unit=inp, output_tokens_per_unit=out,
                      global_redis_address=redis_addr)

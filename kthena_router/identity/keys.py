@@ -29,6 +29,7 @@ from typing import Any
 from ..config.checks import check_list, check_str, type_name
 from ..config.errors import ConfigError, ConfigProblem
 from ..config.yaml_source import decode_config_text, load_yaml_documents, read_config_file
+from ..ratelimit.config import KeyLimits, parse_key_limits
 from .model import Identity
 
 __all__ = ["ApiKey", "KeySet", "load_keys_bytes", "load_keys_file", "hash_key"]
@@ -74,26 +75,9 @@ class _Ctx:
         self.problems.append(ConfigProblem(self.source, "", path, message))
 
 
-def _freeze(v: Any) -> Any:
-    if isinstance(v, dict):
-        return MappingProxyType({k: _freeze(x) for k, x in v.items()})
-    if isinstance(v, list):
-        return tuple(_freeze(x) for x in v)
-    return v
-
-
-def _limits(c: _Ctx, v: Any, path: str) -> Mapping[str, Any] | None:
-    """Opaque here: a mapping with string keys, kept read-only on Identity.limits; the
-    rate-limit part gives it meaning."""
-    if v is None:
-        return None
-    if not isinstance(v, dict):
-        c.err(path, f"must be a mapping, got {type_name(v)}")
-        return None
-    for k in v:
-        if not isinstance(k, str) or not k:
-            c.err(path, f"keys must be non-empty strings, got {k!r}")
-    return _freeze(v)  # type: ignore[no-any-return]
+def _limits(c: _Ctx, v: Any, path: str) -> KeyLimits | None:
+    """The key's own rate limits, validated by the rate-limit part (docs/ratelimit.md)."""
+    return parse_key_limits(c, v, path)
 
 
 def load_keys_bytes(data: bytes | str, source: str = "<string>", base_dir: Path | None = None) -> KeySet:

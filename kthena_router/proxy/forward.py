@@ -42,6 +42,7 @@ from kthena_router.proxy.relay import Exchange, Message, Receive, Scope, Send
 from kthena_router.proxy.response_ids import ResponseIds, StoredAt
 from kthena_router.proxy.sse import StreamEnd
 from kthena_router.proxy.upstream import Response, UpstreamPool
+from kthena_router.ratelimit.limiter import Limiter
 from kthena_router.routing.table import RouteMatch, RouteNotFound
 from kthena_router.scheduling.request import RequestInfo
 from kthena_router.settings import RouterSettings
@@ -105,6 +106,7 @@ class Forwarder:
         self.metrics = metrics
         self.executor = executor or Executor(settings, pool, balancer, metrics, prober)
         self.needs_info = balancer.needs_request_info
+        self.limiter: Limiter | None = None  # token rate limits (app.py sets it)
         self.auth: Authenticator | None = None  # set by the identity service when auth is configured
         # Weighted route splits; per worker. A fixed seed makes a 1-worker run reproducible.
         self.rng = random.Random(settings.route_seed)
@@ -201,6 +203,9 @@ class _Request(Exchange):
                 targets = state.targets.get(match.server.key, ())
                 pinned = self._pinned(api, body, targets)
                 self.model_label = body.model
+                limiter = self.fw.limiter
+                if limiter is not None and (plan := limiter.plan(match.route, self.identity)) is not None:
+                    self.rl = await plan.admit(self, body, self.identity)  # 429 / 400 / 503
                 downstream = self.fw.metrics.downstream(body.model)
                 downstream.inc()
                 watch = self.watch = _Disconnect(receive)
@@ -242,6 +247,8 @@ class _Request(Exchange):
                 watch.close()
             if downstream is not None:
                 downstream.dec()
+            if self.rl is not None:
+                self.rl.settle(self)
             duration = time.perf_counter() - self.t0
             self.fw.metrics.observe_request(
                 self.model_label, self.path_label, self.status, self.error_type, self.route_label,

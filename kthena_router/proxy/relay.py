@@ -30,6 +30,7 @@ from kthena_router.endpoints.health import Failure
 from kthena_router.proxy.sse import StreamEnd
 
 if TYPE_CHECKING:
+    from kthena_router.ratelimit.limiter import Ticket
     from kthena_router.metrics import RouterMetrics
     from kthena_router.proxy.upstream import Response, UpstreamTimeout
 
@@ -82,7 +83,7 @@ class Exchange:
     __slots__ = ("send", "metrics", "t0", "path", "path_label", "request_id", "model_label", "route_label",
                  "server_label", "endpoint_label", "status", "error_type", "committed", "stream", "inject",
                  "timeouts", "deadline", "first_token_at", "max_buffered", "att_t0", "att_ttft", "att_tpot",
-                 "att_prompt_tokens", "stream_end", "attempts", "ttft", "completion_tokens", "response_id")
+                 "att_prompt_tokens", "stream_end", "attempts", "ttft", "completion_tokens", "response_id", "rl")
 
     def __init__(self, metrics: RouterMetrics, t0: float, path: str, path_label: str) -> None:
         self.send: Send = _no_send
@@ -114,6 +115,7 @@ class Exchange:
         self.ttft: float | None = None  # request start to the first body byte sent to the client
         self.completion_tokens: int | None = None
         self.response_id: str | None = None  # Responses API: the id the engine stored the answer under
+        self.rl: Ticket | None = None  # rate limits: what admission took; output charged as it streams
 
     def start_headers(self, resp: Response, body_len: int | None) -> list[tuple[bytes, bytes]]:
         """Response headers for the client: the upstream's, filtered, plus ours."""

@@ -50,6 +50,9 @@ class SseStreamRelay:
         # When the engine's body has ended with its terminator in the bytes at hand, the data goes
         # out as the final body message (one ASGI send less per request).
         ended = resp.done and relay.ended
+        rl = x.rl
+        if rl is not None:
+            rl.streamed(first)
         if relay.ended:
             x.last_send()
         await send({"type": "http.response.body", "body": first, "more_body": not ended})
@@ -64,6 +67,8 @@ class SseStreamRelay:
                         break
                     out = relay.feed(chunk)
                     if out:
+                        if rl is not None:
+                            rl.streamed(out)
                         if relay.ended:
                             # The client has everything it needs and may hang up now; that
                             # is a completed request, not a cancellation.

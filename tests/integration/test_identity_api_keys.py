@@ -16,7 +16,7 @@ import harness
 
 KEYS = {
     "sk-alice-0123456789": ah.api_key("alice-laptop", tenant="acme", user="alice", priority="high",
-                                      limits={"tokensPerMinute": 1000}),
+                                      limits={"inputTokensPerUnit": 1000000, "unit": "minute"}),
     "sk-bob-0123456789": ah.api_key("bob-ci", tenant="beta", user="bob"),
 }
 AUTH_TOTAL = "kthena_router_auth_requests_total"

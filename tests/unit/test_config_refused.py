@@ -15,9 +15,6 @@ SERVER_DOC = "document 2 (ModelServer default/s)"
 PD = {"groupKey": "group", "prefillLabels": {"role": "prefill"}, "decodeLabels": {"role": "decode"}}
 
 REFUSED = [
-    ("route", "rateLimit", {"inputTokensPerUnit": 10, "unit": "minute"}, "spec.rateLimit", "token rate limiting"),
-    ("route", "rateLimit", {"outputTokensPerUnit": 5, "global": {"redis": {"address": "redis:6379"}}},
-     "spec.rateLimit", "token rate limiting"),
     ("route", "sessionSticky", {"sources": [{"type": "Header", "name": "x-session"}]}, "spec.sessionSticky",
      "route-level session affinity"),
     ("server", "kvConnector", {"type": "nixl"}, "spec.kvConnector", "KV transfer"),
@@ -50,9 +47,6 @@ def test_refused_field_names_file_document_and_field(tmp_path: Path, kind, key, 
 
 
 SHAPE_AND_REFUSAL = [
-    ("route", "rateLimit", {"unit": "week"}, "spec.rateLimit.unit", "must be one of second, minute, hour, day, month"),
-    ("route", "rateLimit", {"inputTokensPerUnit": 0}, "spec.rateLimit.inputTokensPerUnit", "between 1 and"),
-    ("route", "rateLimit", {"global": {"redis": {}}}, "spec.rateLimit.global.redis.address", "required"),
     ("server", "pdGroup", {"groupKey": "g", "decodeLabels": {"r": "d"}}, "spec.workloadSelector.pdGroup.prefillLabels",
      "required"),
     ("server", "kvConnector", {"type": "rdma"}, "spec.kvConnector.type", "must be one of http, lmcache, nixl, mooncake"),

@@ -1,0 +1,164 @@
+"""Global token rate limits in a real Redis: three routers share one per-hour budget under
+concurrent streaming clients; Redis killed mid-run: fail-open and fail-closed routes behave
+as documented, and the routers recover when it returns."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+import harness
+import redis_harness
+
+CLIENTS_PER_ROUTER = 3
+LEASE_PERCENT = 1
+
+
+def _engine_tokens(sim: harness.Simulator) -> tuple[float, float]:
+    prompt = gen = 0.0
+    for url in sim.urls:
+        fams = harness.parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
+        prompt += harness.metric_value(fams, "vllm:prompt_tokens_total")
+        gen += harness.metric_value(fams, "vllm:generation_tokens_total")
+    return prompt, gen
+
+
+def _config(sim: harness.Simulator, redis: redis_harness.RedisServer, limits: dict[str, dict[str, Any]]) -> list:
+    """One ModelServer; a route per model name in `limits`, each with Kthena's global rateLimit."""
+    labels = {"app": "demo"}
+    docs: list[dict[str, Any]] = []
+    for name, limit in limits.items():
+        route = harness.route_doc(name, name, "demo")
+        route["spec"]["rateLimit"] = {**limit, "global": {"redis": {"address": redis.address}}}
+        docs.append(route)
+    docs += [harness.server_doc("demo", "demo", labels), harness.endpoints_doc("demo-engines", sim.ports, labels)]
+    return docs
+
+
+async def _client(base: str, model: str, max_tokens: int, quiet_s: float, stats: dict[str, int]) -> None:
+    """Streams until every attempt has been refused for `quiet_s` (leases unused by the
+    other routers go back to Redis within leaseIdle, so the last of the budget is used)."""
+    refused_since: float | None = None
+    body = {"model": model, "messages": [{"role": "user", "content": "tell me about rate limits " * 12}],
+            "max_tokens": max_tokens, "stream": True}
+    async with httpx.AsyncClient(timeout=60) as http:
+        while True:
+            async with http.stream("POST", f"{base}/chat/completions", json=body) as r:
+                if r.status_code == 200:
+                    async for _ in r.aiter_bytes():
+                        pass
+                    stats["ok"] += 1
+                    refused_since = None
+                    continue
+                assert r.status_code == 429, (r.status_code, await r.aread())
+                assert r.headers["x-ratelimit-limit-tokens"] and int(r.headers["retry-after"]) >= 1
+                stats["refused"] += 1
+            now = time.monotonic()
+            refused_since = refused_since or now
+            if now - refused_since >= quiet_s:
+                return
+            await asyncio.sleep(0.1)
+
+
+def _run_clients(routers: list[harness.Router], model: str, max_tokens: int) -> dict[str, int]:
+    stats = {"ok": 0, "refused": 0}
+
+    async def main() -> None:
+        await asyncio.gather(*(_client(r.openai_url, model, max_tokens, 3.0, stats)
+                               for r in routers for _ in range(CLIENTS_PER_ROUTER)))
+
+    asyncio.run(main())
+    return stats
+
+
+def test_three_routers_share_one_global_hourly_budget(tmp_path: Path) -> None:
+    redis = redis_harness.start_redis(tmp_path)
+    sim = harness.start_simulator(tmp_path, engines=3, fast=True)
+    inp, out = 30000, 3000
+    limits = {"demo": {"inputTokensPerUnit": inp, "unit": "hour"},
+              "demo-out": {"outputTokensPerUnit": out, "unit": "hour"}}
+    config = harness.write_config(tmp_path / "cfg.yaml", _config(sim, redis, limits))
+    rc = tmp_path / "router.yaml"
+    rc.write_text(yaml.safe_dump({"rateLimits": {"leasePercent": LEASE_PERCENT, "leaseIdle": "1s"}}))
+    routers = [harness.start_router(config, tmp_path / f"r{i}", extra_args=["--router-config", str(rc)])
+               for i in range(3)]
+    try:
+        t0 = time.monotonic()
+        stats = _run_clients(routers, "demo", 4)
+        prompt, _ = _engine_tokens(sim)
+        refill = inp / 3600 * (time.monotonic() - t0)
+        lease = inp * LEASE_PERCENT / 100
+        print(f"input: admitted {prompt:.0f} of {inp} (+{refill:.0f} refilled), {stats}")
+        assert stats["refused"] > 0 and stats["ok"] > 100, stats
+        # 98-100% of the budget (plus what refilled meanwhile), at most one lease per router over
+        assert 0.98 * inp <= prompt <= inp + refill + 3 * lease, (prompt, refill, stats)
+
+        before_out = _engine_tokens(sim)[1]
+        t0 = time.monotonic()
+        max_tokens = 40
+        stats = _run_clients(routers, "demo-out", max_tokens)
+        gen = _engine_tokens(sim)[1] - before_out
+        refill = out / 3600 * (time.monotonic() - t0)
+        in_flight = 3 * CLIENTS_PER_ROUTER * max_tokens
+        print(f"output: {gen:.0f} of {out} (+{refill:.0f} refilled, in-flight bound {in_flight}), {stats}")
+        assert stats["refused"] > 0, stats
+        # output is charged as it streams: overshoot at most the in-flight requests' max_tokens
+        assert 0.98 * out <= gen <= out + refill + in_flight, (gen, refill, stats)
+        charged = sum(harness.metric_value(harness.parse_metrics(r.metrics_text()),
+                                           "kthena_router_ratelimit_charged_tokens_total", token_type="output")
+                      for r in routers)
+        assert charged == _engine_tokens(sim)[1]
+    finally:
+        for r in routers:
+            r.stop()
+        sim.stop()
+        redis.stop()
+
+
+def test_redis_outage_fail_open_and_fail_closed_then_recovery(tmp_path: Path) -> None:
+    redis = redis_harness.start_redis(tmp_path)
+    sim = harness.start_simulator(tmp_path, engines=1, fast=True)
+    big = {"inputTokensPerUnit": 10**7, "unit": "hour"}
+    config = harness.write_config(tmp_path / "cfg.yaml", _config(sim, redis, {"open": big, "closed": big}))
+    rc = tmp_path / "router.yaml"
+    rc.write_text(yaml.safe_dump({"rateLimits": {
+        "leasePercent": 0,  # a round trip per request: the outage shows at once
+        "redisRetry": "300ms", "redisTimeout": "200ms",
+        "routes": {"open": {"failMode": "open"}, "closed": {"failMode": "closed"}}}}))
+    router = harness.start_router(config, tmp_path, extra_args=["--router-config", str(rc)])
+
+    def chat(model: str) -> httpx.Response:
+        return http.post(f"{router.openai_url}/chat/completions",
+                         json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+
+    try:
+        with httpx.Client(timeout=30) as http:
+            assert chat("open").status_code == 200 and chat("closed").status_code == 200
+            redis.kill()
+            for _ in range(5):
+                assert chat("open").status_code == 200
+                r = chat("closed")
+                assert r.status_code == 503, r.text
+                assert r.json()["error"]["code"] == "ratelimit_unavailable" and r.headers["retry-after"] == "1"
+            fams = harness.parse_metrics(router.metrics_text())
+            assert harness.metric_value(fams, "kthena_router_ratelimit_redis_errors_total") >= 1
+            assert harness.metric_value(fams, "kthena_router_ratelimit_decisions_total", model_route="default/open",
+                                        result="failed_open") == 5
+            assert harness.metric_value(fams, "kthena_router_ratelimit_decisions_total",
+                                        model_route="default/closed", result="failed_closed") == 5
+            redis.start()  # same port, empty
+            harness.wait_until(lambda: chat("closed").status_code == 200, 30, interval=0.2,
+                               what="fail-closed route admitted again after Redis returned")
+            assert chat("open").status_code == 200
+        fams = harness.parse_metrics(router.metrics_text())
+        assert harness.metric_value(fams, "kthena_router_ratelimit_decisions_total", model_route="default/closed",
+                                    result="admitted") >= 2
+    finally:
+        router.stop()
+        sim.stop()
+        redis.stop()

@@ -1,0 +1,215 @@
+"""Rate limits: the rateLimits section and key limits parsers, Kthena's rateLimit accepted,
+bucket arithmetic, admission/settlement against local buckets, the reset header format."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from config_fixtures import endpoints, load, route, server
+
+from kthena_router.config import ConfigError
+from kthena_router.errors import RequestError
+from kthena_router.identity.model import ANONYMOUS, Identity
+from kthena_router.ratelimit.bucket import LeasedBucket, LocalBucket
+from kthena_router.ratelimit.config import KeyLimits, Limit, parse_key_limits, parse_rate_limits
+from kthena_router.ratelimit.limiter import Limiter, reset_text
+from kthena_router.ratelimit.metrics import RateLimitMetrics
+from kthena_router.scheduling.config import load_router_configuration_bytes
+from prometheus_client import CollectorRegistry
+
+
+class _Errs:
+    def __init__(self) -> None:
+        self.problems: list[tuple[str, str]] = []
+
+    def err(self, path: str, message: str) -> None:
+        self.problems.append((path, message))
+
+
+def test_kthena_rate_limit_is_accepted(tmp_path: Path) -> None:
+    r = route()
+    r["spec"]["rateLimit"] = {"inputTokensPerUnit": 10, "outputTokensPerUnit": 5, "unit": "minute",
+                              "global": {"redis": {"address": "redis.kthena-system:6379"}}}
+    cfg = load(tmp_path, [r, server(), endpoints()])
+    rl = cfg.routes[0].rate_limit
+    assert (rl.unit, rl.input_tokens_per_unit, rl.output_tokens_per_unit, rl.global_redis_address) == \
+        ("minute", 10, 5, "redis.kthena-system:6379")
+
+
+@pytest.mark.parametrize("value,field,fragment", [
+    ({"unit": "week"}, "spec.rateLimit.unit", "must be one of second, minute, hour, day, month"),
+    ({"inputTokensPerUnit": 0}, "spec.rateLimit.inputTokensPerUnit", "between 1 and"),
+    ({"global": {"redis": {}}}, "spec.rateLimit.global.redis.address", "required"),
+    ({"global": {"redis": {"address": "nohost"}}}, "spec.rateLimit.global.redis.address", "host:port"),
+    ({"global": {"redis": {"address": "r:6379", "password": "x"}}}, "spec.rateLimit.global.redis.password",
+     "unknown field"),
+])
+def test_kthena_rate_limit_shape_errors(tmp_path: Path, value: dict, field: str, fragment: str) -> None:
+    r = route()
+    r["spec"]["rateLimit"] = value
+    with pytest.raises(ConfigError) as ei:
+        load(tmp_path, [r, server(), endpoints()])
+    assert [(p.field, fragment in p.message) for p in ei.value.problems] == [(field, True)], str(ei.value)
+
+
+def test_section_defaults_and_route_overrides() -> None:
+    rc = load_router_configuration_bytes(b"""
+rateLimits:
+  failMode: closed
+  maxPromptTokens: 1000
+  perTenant: {inputTokensPerUnit: 100, unit: minute}
+  perUser: {requestsPerUnit: 5}
+  tenants: {acme: {outputTokensPerUnit: 7, unit: day}}
+  routes:
+    llama: {failMode: open, perUser: {}}
+    other/x: {perTenantModel: {requestsPerUnit: 2, unit: hour}}
+""")
+    s = rc.rate_limits
+    assert s.defaults.fail_mode == "closed" and s.defaults.max_prompt_tokens == 1000
+    assert s.defaults.per_tenant == Limit("minute", 100, None, None)
+    assert s.defaults.tenants["acme"] == Limit("day", None, 7, None)
+    llama = s.for_route("default", "llama")
+    assert llama.fail_mode == "open" and llama.per_user is None and llama.per_tenant is s.defaults.per_tenant
+    x = s.for_route("other", "x")
+    assert x.per_tenant_model == Limit("hour", None, None, 2) and x.fail_mode == "closed"
+    assert s.for_route("default", "unlisted") is s.defaults
+
+
+def test_section_errors_name_the_field() -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_router_configuration_bytes(b"""
+rateLimits:
+  failMode: maybe
+  perTenant: {}
+  perUser: {inputTokensPerUnit: -1}
+  leasePercent: 150
+  redis: {address: nope}
+  routes: {r: {bogus: 1}}
+""", source="rc.yaml")
+    fields = sorted(p.field for p in ei.value.problems)
+    assert fields == ["rateLimits.failMode", "rateLimits.leasePercent", "rateLimits.perTenant",
+                      "rateLimits.perUser.inputTokensPerUnit", "rateLimits.redis.address",
+                      "rateLimits.routes.r.bogus"], str(ei.value)
+    assert all(p.file == "rc.yaml" for p in ei.value.problems)
+
+
+def test_key_limits_shape() -> None:
+    c = _Errs()
+    assert parse_key_limits(c, {"requestsPerUnit": 3, "unit": "hour", "maxPromptTokens": 50}, "keys[0].limits") == \
+        KeyLimits(Limit("hour", None, None, 3), 50)
+    assert parse_key_limits(c, {"maxPromptTokens": 50}, "p") == KeyLimits(None, 50)
+    assert parse_key_limits(c, None, "p") is None and not c.problems
+    parse_key_limits(c, {"tokensPerMinute": 1}, "keys[1].limits")
+    assert [p for p, _ in c.problems] == ["keys[1].limits.tokensPerMinute", "keys[1].limits"]
+
+
+def test_absent_section_is_empty() -> None:
+    assert parse_rate_limits(_Errs(), None).defaults.empty
+
+
+def test_local_bucket_refills_goes_into_debt_and_reports() -> None:
+    b = LocalBucket(100, 10, now=0.0)  # 100 per 10 s
+    assert b.acquire(60, True, 0.0) is None
+    r = b.acquire(60, True, 0.0)
+    assert r is not None and r.remaining == 40 and r.retry_after_s == pytest.approx(2.0)
+    assert r.reset_s == pytest.approx(6.0)
+    assert b.acquire(60, True, 2.0) is None  # refilled 20
+    b.charge(30)  # unconditional: settlement above the estimate
+    assert b.tokens == -30
+    assert b.acquire(1, False, 2.0) is not None  # output needs one token there
+    assert b.acquire(1, False, 5.2) is None and b.tokens == pytest.approx(2.0)
+    b.charge(-1000)
+    assert b.tokens == 100  # a refund never exceeds the capacity
+
+
+def test_leased_bucket_spends_locally_then_owes() -> None:
+    b = LeasedBucket("k", 1000, 1, lease_percent=2)
+    assert b.chunk == 20 and not b.acquire_local(5, True)
+    b.lease = 25
+    assert b.acquire_local(5, True) and b.lease == 20
+    assert b.acquire_local(20, False) and b.lease == 20  # a check takes nothing
+    assert not b.charge(10) and b.charge(15) and b.lease == -5  # a debt to pay to Redis
+
+
+@pytest.mark.parametrize("s,text", [(0, "0s"), (0.0201, "21ms"), (1.5, "1.5s"), (360, "6m0s"),
+                                    (3725.25, "1h2m5.25s")])
+def test_reset_text(s: float, text: str) -> None:
+    assert reset_text(s) == text
+
+
+def _limiter(section_yaml: bytes) -> Limiter:
+    rc = load_router_configuration_bytes(section_yaml)
+    return Limiter(RateLimitMetrics(CollectorRegistry()), lambda: rc.rate_limits)
+
+
+def _route(tmp_path: Path, rate_limit: dict | None = None):
+    r = route()
+    if rate_limit:
+        r["spec"]["rateLimit"] = rate_limit
+    return load(tmp_path, [r, server(), endpoints()]).routes[0]
+
+
+def _x(status: int = 200, prompt: int | None = None, completion: int | None = None) -> SimpleNamespace:
+    return SimpleNamespace(att_prompt_tokens=prompt, completion_tokens=completion, status=status,
+                           model_label="m", path_label="/v1/chat/completions")
+
+
+def _body(n: int, model: str = "m") -> SimpleNamespace:
+    return SimpleNamespace(raw=b"x" * n, obj={"messages": []}, model=model)
+
+
+def test_no_limit_no_plan_and_key_limits_make_one(tmp_path: Path) -> None:
+    lim = _limiter(b"{}")
+    r = _route(tmp_path)
+    assert lim.plan(r, ANONYMOUS) is None
+    ident = Identity("acme", "a", "", "api_key", "k1", limits=KeyLimits(Limit("hour", None, None, 1)))
+    plan = lim.plan(r, ident)
+    assert plan is not None
+
+    async def go() -> None:
+        await plan.admit(_x(), _body(10), ident)
+        with pytest.raises(RequestError) as ei:
+            await plan.admit(_x(), _body(10), ident)
+        assert ei.value.status == 429 and (b"x-ratelimit-limit-requests", b"1") in ei.value.headers
+
+    asyncio.run(go())
+
+
+def test_settlement_charges_real_usage_and_refunds_unserved(tmp_path: Path) -> None:
+    lim = _limiter(b"{}")
+    r = _route(tmp_path, {"inputTokensPerUnit": 1000, "outputTokensPerUnit": 1000, "unit": "hour"})
+    plan = lim.plan(r, ANONYMOUS)
+    inp, out = plan.fixed[0].bucket, plan.fixed[1].bucket
+
+    async def go() -> None:
+        t = await plan.admit(_x(), _body(400), ANONYMOUS)  # estimate 400/4 = 100
+        assert inp.tokens == pytest.approx(900, abs=1)
+        t.streamed(b"data: {}\n\ndata: {}\n\n")  # two events, charged at once
+        assert out.tokens == pytest.approx(998, abs=1)
+        t.settle(_x(prompt=130, completion=7))
+        assert inp.tokens == pytest.approx(870, abs=1) and out.tokens == pytest.approx(993, abs=1)
+        t = await plan.admit(_x(), _body(400), ANONYMOUS)
+        t.settle(_x(status=503))  # never reached an engine: the reservation goes back
+        assert inp.tokens == pytest.approx(870, abs=1)
+
+    asyncio.run(go())
+    assert plan.estimator.ratio == pytest.approx((4 * 64 * 0.99 + 400) / (64 * 0.99 + 130))  # decayed prior
+
+
+def test_refusal_by_one_bucket_gives_back_the_others(tmp_path: Path) -> None:
+    lim = _limiter(b"rateLimits: {perTenant: {requestsPerUnit: 100, unit: hour}, "
+                   b"perUser: {inputTokensPerUnit: 50, unit: hour}}\n")
+    plan = lim.plan(_route(tmp_path), ANONYMOUS)
+    ident = Identity("acme", "bob", "", "api_key", "k")
+
+    async def go() -> None:
+        with pytest.raises(RequestError) as ei:
+            await plan.admit(_x(), _body(400), ident)  # ~100 tokens > 50 for this user
+        assert "more than the limit of 50" in ei.value.message
+        tenant_requests = lim.slots("kthena:rl:tenant:*:acme", Limit("hour", None, None, 100), None, "")[0]
+        assert tenant_requests.bucket.tokens == pytest.approx(100)
+
+    asyncio.run(go())
