@@ -42,7 +42,12 @@ pub struct CostModel {
 
 impl Default for CostModel {
     fn default() -> Self {
-        CostModel { input: 1.0, output: 2.0, token: 1.0, request: 0.0 }
+        CostModel {
+            input: 1.0,
+            output: 2.0,
+            token: 1.0,
+            request: 0.0,
+        }
     }
 }
 
@@ -134,7 +139,9 @@ impl Level {
     /// Add `amount` (may be negative: an estimate settled lower) to a tenant's counter,
     /// keeping the backlog ordered.
     fn charge(&mut self, id: u32, amount: f64) {
-        let Some(t) = self.tenants.get_mut(&id) else { return };
+        let Some(t) = self.tenants.get_mut(&id) else {
+            return;
+        };
         let old = t.counter;
         let new = clamp(old + amount);
         if new == old {
@@ -155,10 +162,18 @@ impl FairQueue {
         }
         for (i, c) in classes.iter().enumerate() {
             if !(c.weight.is_finite() && c.weight > 0.0) {
-                return Err(format!("class {i}: weight must be a number > 0, got {}", c.weight));
+                return Err(format!(
+                    "class {i}: weight must be a number > 0, got {}",
+                    c.weight
+                ));
             }
         }
-        for (name, v) in [("input", cost.input), ("output", cost.output), ("token", cost.token), ("request", cost.request)] {
+        for (name, v) in [
+            ("input", cost.input),
+            ("output", cost.output),
+            ("token", cost.token),
+            ("request", cost.request),
+        ] {
             if !finite_nonneg(v) {
                 return Err(format!("{name} cost weight must be a number >= 0, got {v}"));
             }
@@ -215,7 +230,10 @@ impl FairQueue {
         if i < self.classes.len() {
             Ok(i)
         } else {
-            Err(format!("no priority class {class} (there are {})", self.classes.len()))
+            Err(format!(
+                "no priority class {class} (there are {})",
+                self.classes.len()
+            ))
         }
     }
 
@@ -228,7 +246,14 @@ impl FairQueue {
     }
 
     /// Queue a request: its ticket, or None when the class is at its max length.
-    pub fn enqueue(&mut self, class: u32, tenant: u32, weight: f64, input_est: u32, now_ms: u64) -> Result<Option<u64>, String> {
+    pub fn enqueue(
+        &mut self,
+        class: u32,
+        tenant: u32,
+        weight: f64,
+        input_est: u32,
+        now_ms: u64,
+    ) -> Result<Option<u64>, String> {
         let ci = self.class_ok(class)?;
         let weight = Self::tenant_weight(weight)?;
         if self.class_len[ci] >= self.classes[ci].max_len {
@@ -241,7 +266,10 @@ impl FairQueue {
         if newly {
             level.lift(tenant);
         }
-        let t = level.tenants.get_mut(&tenant).expect("tenant just inserted");
+        let t = level
+            .tenants
+            .get_mut(&tenant)
+            .expect("tenant just inserted");
         t.live += 1;
         t.fifo.push_back(ticket);
         if newly {
@@ -249,7 +277,14 @@ impl FairQueue {
         }
         level.len += 1;
         self.class_len[ci] += 1;
-        self.waiters.insert(ticket, Waiter { class, tenant, input_est });
+        self.waiters.insert(
+            ticket,
+            Waiter {
+                class,
+                tenant,
+                input_est,
+            },
+        );
         Ok(Some(ticket))
     }
 
@@ -286,14 +321,24 @@ impl FairQueue {
     }
 
     fn dispatch_cost(&self, class: u32, tenant: u32, input_est: u32, li: usize) -> f64 {
-        let tw = self.levels[li].tenants.get(&tenant).map_or(1.0, |t| t.weight);
+        let tw = self.levels[li]
+            .tenants
+            .get(&tenant)
+            .map_or(1.0, |t| t.weight);
         let cw = self.classes[class as usize].weight;
         (self.cost.tokens(input_est as f64, 0.0) + self.cost.request) * cw / tw
     }
 
     /// A request that goes through without waiting (nothing queued in its level and the
     /// model not saturated): lifted as a newcomer, charged its dispatch cost.
-    pub fn admit(&mut self, class: u32, tenant: u32, weight: f64, input_est: u32, now_ms: u64) -> Result<(), String> {
+    pub fn admit(
+        &mut self,
+        class: u32,
+        tenant: u32,
+        weight: f64,
+        input_est: u32,
+        now_ms: u64,
+    ) -> Result<(), String> {
         let ci = self.class_ok(class)?;
         let weight = Self::tenant_weight(weight)?;
         let li = self.class_level[ci];
@@ -315,7 +360,9 @@ impl FairQueue {
 
     /// Remove a waiter (client gone, max wait reached). False if it is not waiting.
     pub fn cancel(&mut self, ticket: u64) -> bool {
-        let Some(w) = self.waiters.remove(&ticket) else { return false };
+        let Some(w) = self.waiters.remove(&ticket) else {
+            return false;
+        };
         let ci = w.class as usize;
         self.class_len[ci] -= 1;
         let level = &mut self.levels[self.class_level[ci]];
@@ -332,12 +379,21 @@ impl FairQueue {
 
     /// A dispatched request ended: charge what the estimate missed (`input_delta` = real
     /// prompt tokens - the estimate) and the output tokens.
-    pub fn settle(&mut self, class: u32, tenant: u32, input_delta: i64, output: u64, now_ms: u64) -> Result<(), String> {
+    pub fn settle(
+        &mut self,
+        class: u32,
+        tenant: u32,
+        input_delta: i64,
+        output: u64,
+        now_ms: u64,
+    ) -> Result<(), String> {
         let ci = self.class_ok(class)?;
         let cw = self.classes[ci].weight;
         let li = self.class_level[ci];
         let level = &mut self.levels[li];
-        let Some(t) = level.tenants.get_mut(&tenant) else { return Ok(()) };
+        let Some(t) = level.tenants.get_mut(&tenant) else {
+            return Ok(());
+        };
         t.in_flight = t.in_flight.saturating_sub(1);
         t.last_active_ms = now_ms;
         let amount = self.cost.tokens(input_delta as f64, output as f64) * cw / t.weight;
@@ -357,7 +413,9 @@ impl FairQueue {
         let mut gone = Vec::new();
         for level in &mut self.levels {
             level.tenants.retain(|&id, t| {
-                let keep = t.live > 0 || t.in_flight > 0 || now_ms.saturating_sub(t.last_active_ms) < idle_ms;
+                let keep = t.live > 0
+                    || t.in_flight > 0
+                    || now_ms.saturating_sub(t.last_active_ms) < idle_ms;
                 if !keep {
                     gone.push(id);
                 }
@@ -372,7 +430,11 @@ impl FairQueue {
 
     /// Tenants known (any level), for tests and views.
     pub fn tenants(&self) -> usize {
-        let mut ids: Vec<u32> = self.levels.iter().flat_map(|l| l.tenants.keys().copied()).collect();
+        let mut ids: Vec<u32> = self
+            .levels
+            .iter()
+            .flat_map(|l| l.tenants.keys().copied())
+            .collect();
         ids.sort_unstable();
         ids.dedup();
         ids.len()
@@ -381,7 +443,11 @@ impl FairQueue {
     /// The waiters as (ticket, class, tenant), in arrival order (moving them to a queue
     /// built from a new configuration).
     pub fn waiting(&self) -> Vec<(u64, u32, u32)> {
-        let mut out: Vec<_> = self.waiters.iter().map(|(&tk, w)| (tk, w.class, w.tenant)).collect();
+        let mut out: Vec<_> = self
+            .waiters
+            .iter()
+            .map(|(&tk, w)| (tk, w.class, w.tenant))
+            .collect();
         out.sort_unstable();
         out
     }

@@ -3,7 +3,11 @@
 use super::*;
 
 fn class(order: u32, weight: f64, max_len: u32) -> ClassSpec {
-    ClassSpec { order, weight, max_len }
+    ClassSpec {
+        order,
+        weight,
+        max_len,
+    }
 }
 
 fn one_class() -> FairQueue {
@@ -11,7 +15,9 @@ fn one_class() -> FairQueue {
 }
 
 fn enq(q: &mut FairQueue, class: u32, tenant: u32, weight: f64, input: u32) -> u64 {
-    q.enqueue(class, tenant, weight, input, 0).unwrap().expect("room in the class")
+    q.enqueue(class, tenant, weight, input, 0)
+        .unwrap()
+        .expect("room in the class")
 }
 
 /// Serve `rounds` requests with `slots` running at a time, one output token per step;
@@ -38,7 +44,10 @@ fn serve(q: &mut FairQueue, tenants: &[(u32, f64, u32, u64)], rounds: usize) -> 
 fn config_errors() {
     assert!(FairQueue::new(vec![], CostModel::default()).is_err());
     assert!(FairQueue::new(vec![class(0, 0.0, 1)], CostModel::default()).is_err());
-    let bad = CostModel { output: f64::NAN, ..CostModel::default() };
+    let bad = CostModel {
+        output: f64::NAN,
+        ..CostModel::default()
+    };
     assert!(FairQueue::new(vec![class(0, 1.0, 1)], bad).is_err());
     let mut q = one_class();
     assert!(q.enqueue(3, 1, 1.0, 0, 0).is_err());
@@ -61,7 +70,11 @@ fn fifo_within_a_tenant() {
 
 #[test]
 fn lower_order_level_always_first() {
-    let mut q = FairQueue::new(vec![class(5, 1.0, 10), class(1, 1.0, 10)], CostModel::default()).unwrap();
+    let mut q = FairQueue::new(
+        vec![class(5, 1.0, 10), class(1, 1.0, 10)],
+        CostModel::default(),
+    )
+    .unwrap();
     let low = enq(&mut q, 0, 1, 1.0, 1);
     // the high class's tenant has a huge counter: the level still wins
     q.admit(1, 2, 1.0, 1_000_000, 0).unwrap();
@@ -88,7 +101,10 @@ fn tenant_weights_split_service() {
     let mut q = one_class();
     let served = serve(&mut q, &[(1, 3.0, 0, 50), (2, 1.0, 0, 50)], 4000);
     let share = served[&1] / (served[&1] + served[&2]);
-    assert!((share - 0.75).abs() < 0.02, "share of the weight-3 tenant: {share}");
+    assert!(
+        (share - 0.75).abs() < 0.02,
+        "share of the weight-3 tenant: {share}"
+    );
 }
 
 #[test]
@@ -152,7 +168,11 @@ fn queue_empty_lift_uses_last_tenant_that_left() {
 
 #[test]
 fn max_len_per_class() {
-    let mut q = FairQueue::new(vec![class(0, 1.0, 2), class(1, 1.0, 1)], CostModel::default()).unwrap();
+    let mut q = FairQueue::new(
+        vec![class(0, 1.0, 2), class(1, 1.0, 1)],
+        CostModel::default(),
+    )
+    .unwrap();
     enq(&mut q, 0, 1, 1.0, 0);
     enq(&mut q, 0, 2, 1.0, 0);
     assert_eq!(q.enqueue(0, 3, 1.0, 0, 0).unwrap(), None);
@@ -192,7 +212,11 @@ fn cancelled_waiter_leaves_at_once_and_is_never_dequeued() {
 fn same_order_classes_share_a_level_with_class_weights() {
     // interactive (weight 1) and batch (weight 4) at the same order: a tenant's batch
     // requests use its share four times faster
-    let mut q = FairQueue::new(vec![class(0, 1.0, 100), class(0, 4.0, 100)], CostModel::default()).unwrap();
+    let mut q = FairQueue::new(
+        vec![class(0, 1.0, 100), class(0, 4.0, 100)],
+        CostModel::default(),
+    )
+    .unwrap();
     let mut n = [0u32; 2];
     for _ in 0..4 {
         enq(&mut q, 0, 1, 1.0, 0);
@@ -210,7 +234,12 @@ fn same_order_classes_share_a_level_with_class_weights() {
 
 #[test]
 fn settle_corrects_the_input_estimate_and_counts_request_cost() {
-    let cost = CostModel { input: 1.0, output: 2.0, token: 1.0, request: 5.0 };
+    let cost = CostModel {
+        input: 1.0,
+        output: 2.0,
+        token: 1.0,
+        request: 5.0,
+    };
     let mut q = FairQueue::new(vec![class(0, 1.0, 10)], cost).unwrap();
     q.admit(0, 1, 2.0, 100, 0).unwrap(); // (100 + 5) / 2
     assert_eq!(q.counter(0, 1), Some(52.5));
@@ -238,7 +267,11 @@ fn prune_forgets_idle_tenants_only() {
 
 #[test]
 fn waiting_lists_arrival_order() {
-    let mut q = FairQueue::new(vec![class(0, 1.0, 10), class(1, 1.0, 10)], CostModel::default()).unwrap();
+    let mut q = FairQueue::new(
+        vec![class(0, 1.0, 10), class(1, 1.0, 10)],
+        CostModel::default(),
+    )
+    .unwrap();
     let a = enq(&mut q, 1, 5, 1.0, 0);
     let b = enq(&mut q, 0, 6, 1.0, 0);
     let c = enq(&mut q, 1, 5, 1.0, 0);

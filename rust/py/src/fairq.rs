@@ -25,9 +25,18 @@ impl FairQueue {
     ) -> PyResult<Self> {
         let specs = classes
             .into_iter()
-            .map(|(order, weight, max_len)| ClassSpec { order, weight, max_len })
+            .map(|(order, weight, max_len)| ClassSpec {
+                order,
+                weight,
+                max_len,
+            })
             .collect();
-        let cost = CostModel { input: input_weight, output: output_weight, token: token_weight, request: request_weight };
+        let cost = CostModel {
+            input: input_weight,
+            output: output_weight,
+            token: token_weight,
+            request: request_weight,
+        };
         let inner = fairq::FairQueue::new(specs, cost).map_err(PyValueError::new_err)?;
         Ok(FairQueue { inner })
     }
@@ -45,8 +54,18 @@ impl FairQueue {
     }
 
     /// Ticket (> 0), or 0 when the class is full.
-    fn enqueue(&mut self, class_id: u32, tenant: u32, weight: f64, input_est: u32, now_ms: u64) -> PyResult<u64> {
-        let t = self.inner.enqueue(class_id, tenant, weight, input_est, now_ms).map_err(PyValueError::new_err)?;
+    fn enqueue(
+        &mut self,
+        class_id: u32,
+        tenant: u32,
+        weight: f64,
+        input_est: u32,
+        now_ms: u64,
+    ) -> PyResult<u64> {
+        let t = self
+            .inner
+            .enqueue(class_id, tenant, weight, input_est, now_ms)
+            .map_err(PyValueError::new_err)?;
         Ok(t.unwrap_or(0))
     }
 
@@ -55,16 +74,34 @@ impl FairQueue {
         self.inner.dequeue(now_ms).map_or(0, |(t, _, _)| t)
     }
 
-    fn admit(&mut self, class_id: u32, tenant: u32, weight: f64, input_est: u32, now_ms: u64) -> PyResult<()> {
-        self.inner.admit(class_id, tenant, weight, input_est, now_ms).map_err(PyValueError::new_err)
+    fn admit(
+        &mut self,
+        class_id: u32,
+        tenant: u32,
+        weight: f64,
+        input_est: u32,
+        now_ms: u64,
+    ) -> PyResult<()> {
+        self.inner
+            .admit(class_id, tenant, weight, input_est, now_ms)
+            .map_err(PyValueError::new_err)
     }
 
     fn cancel(&mut self, ticket: u64) -> bool {
         self.inner.cancel(ticket)
     }
 
-    fn settle(&mut self, class_id: u32, tenant: u32, input_delta: i64, output: u64, now_ms: u64) -> PyResult<()> {
-        self.inner.settle(class_id, tenant, input_delta, output, now_ms).map_err(PyValueError::new_err)
+    fn settle(
+        &mut self,
+        class_id: u32,
+        tenant: u32,
+        input_delta: i64,
+        output: u64,
+        now_ms: u64,
+    ) -> PyResult<()> {
+        self.inner
+            .settle(class_id, tenant, input_delta, output, now_ms)
+            .map_err(PyValueError::new_err)
     }
 
     fn counter(&self, class_id: u32, tenant: u32) -> Option<f64> {
