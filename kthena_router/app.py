@@ -36,8 +36,9 @@ from kthena_router.endpoints.health import HealthProber
 from kthena_router.endpoints.registry import EndpointRegistry
 from kthena_router.endpoints.selection import EndpointSelector
 from kthena_router.engine_state.scraper import EngineStateScraper
-from kthena_router.errors import RequestError, error_response, send_error
+from kthena_router.errors import RequestError, error_body, error_response, send_error
 from kthena_router.gc_tuning import GcMonitor, freeze_startup_heap
+from kthena_router.identity.service import IdentityService
 from kthena_router.loop_lag import LoopLagSampler
 from kthena_router.metrics import RouterMetrics, ensure_multiprocess
 from kthena_router.proxy.forward import Forwarder, Receive, Scope, Send
@@ -82,6 +83,14 @@ def _header_refusal(headers: list[tuple[bytes, bytes]]) -> RequestError | None:
 async def _models(request: Request) -> Response:
     if request.method not in ("GET", "HEAD"):
         return error_response(405, f"method {request.method} is not allowed on /v1/models")
+    auth = request.app.state.forwarder.auth
+    if auth is not None:  # the model list is the deployment's inventory: same credentials as inference
+        try:
+            await auth.authenticate(request.headers)
+        except RequestError as err:
+            return Response(error_body(err.status, err.message, err.type, err.param, err.code), err.status,
+                            dict((k.decode(), v.decode("latin-1")) for k, v in err.headers),
+                            media_type="application/json")
     state = request.app.state.holder.current
     if state is None:
         return error_response(503, "router has no configuration loaded yet")
@@ -118,12 +127,13 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                                         holder, selector)
         router_config = reloader.holder
 
-        def outlier_settings_changed(rc: Any) -> None:
+        def installed(rc: Any) -> None:
             state = holder.current
-            if state is not None:
+            if state is not None:  # outlier settings
                 registry.apply_policies(state.targets)
+            identity.install(rc.auth)
 
-        reloader.on_install = outlier_settings_changed
+        reloader.on_install = installed
         balancer = reloader.balancer
     else:
         balancer = RoundRobinBalancer(selector)
@@ -136,6 +146,9 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                           settings.health_probe_timeout_s)
     access_log = AccessLog(settings.access_log, settings.access_log_flush_s) if settings.access_log else None
     forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober, access_log=access_log)
+    identity = IdentityService(settings, metrics.registry, lambda auth: setattr(forwarder, "auth", auth))
+    if router_config.current is not None:
+        identity.install(router_config.current.auth)
 
     def panic(key: tuple[str, str], endpoints: Any) -> None:
         metrics.panic(f"{key[0]}/{key[1]}")
@@ -176,6 +189,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
             await reloader.start(scraper)
             applier.on_swap = reloader.on_state
         await applier.apply(cfg)
+        await identity.start()
         if scraper is not None:
             tasks.append(loop.create_task(scraper.run()))
         watchers: list[ConfigWatcher] = []
@@ -207,6 +221,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                 scraper.stop()
             if reloader is not None:
                 await reloader.close()
+            await identity.close()
             for task in tasks:
                 task.cancel()
             await prober.stop()
@@ -226,6 +241,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
         lifespan=lifespan,
     )
     starlette.state.holder = holder
+    starlette.state.forwarder = forwarder
     starlette.state.router_config = router_config  # RouterConfigHolder: read .current per request
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -251,4 +267,5 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     app.forwarder = forwarder  # type: ignore[attr-defined]  # for in-process tests
     app.router_config_reloader = reloader  # type: ignore[attr-defined]  # .scheduler: the live one
     app.router_config = router_config  # type: ignore[attr-defined]
+    app.identity = identity  # type: ignore[attr-defined]
     return app

@@ -29,6 +29,8 @@ from kthena_router.endpoints.balancer import Balancer
 from kthena_router.endpoints.health import HealthProber
 from kthena_router.endpoints.registry import EndpointState
 from kthena_router.errors import RequestError, send_error
+from kthena_router.identity.authenticate import Authenticator
+from kthena_router.identity.model import ANONYMOUS, Identity
 from kthena_router.metrics import RouterMetrics
 from kthena_router.proxy.body import ClientDisconnected, content_length, needs_usage_injection, parse_body, \
     read_body, rewrite
@@ -103,6 +105,7 @@ class Forwarder:
         self.metrics = metrics
         self.executor = executor or Executor(settings, pool, balancer, metrics, prober)
         self.needs_info = balancer.needs_request_info
+        self.auth: Authenticator | None = None  # set by the identity service when auth is configured
         # Weighted route splits; per worker. A fixed seed makes a 1-worker run reproducible.
         self.rng = random.Random(settings.route_seed)
         self.in_flight = 0
@@ -144,7 +147,7 @@ class Forwarder:
 class _Request(Exchange):
     """State of one request; methods are the steps of Forwarder's hot path."""
 
-    __slots__ = ("fw", "scope", "fwd_headers", "header_map", "response_headers", "watch", "api")
+    __slots__ = ("fw", "scope", "fwd_headers", "header_map", "response_headers", "watch", "api", "identity")
 
     def __init__(self, fw: Forwarder, scope: Scope, t0: float, send: Send) -> None:
         path: str = scope["path"]
@@ -157,6 +160,7 @@ class _Request(Exchange):
         self.response_headers: list[tuple[bytes, bytes]] = []
         self.watch: _Disconnect | None = None
         self.api: ApiPath | None = None
+        self.identity: Identity = ANONYMOUS
 
     # --- entry ----------------------------------------------------------------------
 
@@ -171,6 +175,8 @@ class _Request(Exchange):
         downstream = None
         try:
             try:
+                if self.fw.auth is not None:  # before the body is read: a refused client sends no more
+                    self.identity = await self.fw.auth.authenticate(self.header_map)
                 api = self.api = resolve(self.scope["method"], self.path)
                 self.path_label = api.label
                 self.stream_end = api.stream_end

@@ -2,8 +2,8 @@
 
 Hop-by-hop headers, and any header a `Connection` header names, stay on their own hop in
 both directions. Upstream we also drop what the router recomputes (Host, Content-Length),
-the client's credentials (Authorization; a ModelServer's upstream headers carry the
-engine's), and ask for an uncompressed body (`accept-encoding: identity`): the router
+the client's credentials (Authorization, x-api-key: the router's own auth reads them; a
+ModelServer's upstream headers carry the engine's), and ask for an uncompressed body (`accept-encoding: identity`): the router
 reads every answer (usage, errors, end of stream), and the OpenAI SDK asks for gzip.
 A client's x-request-id is kept if printable and at most MAX_REQUEST_ID characters (it
 goes into logs); otherwise a generated one replaces it.
@@ -17,7 +17,8 @@ HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
     "te", "trailer", "transfer-encoding", "upgrade",
 })
-_DROP_REQUEST = HOP_BY_HOP | {"host", "content-length", "authorization", "x-request-id", "accept-encoding"}
+_DROP_REQUEST = HOP_BY_HOP | {"host", "content-length", "authorization", "x-api-key", "x-request-id",
+                              "accept-encoding"}
 _DROP_RESPONSE = frozenset(n.encode() for n in HOP_BY_HOP | {"content-length", "x-request-id", "date", "server"})
 _IDENTITY = b"accept-encoding: identity\r\n"
 _PLAIN_CONNECTION = frozenset({"keep-alive", "close", "Keep-Alive", "Close"})
