@@ -244,6 +244,28 @@ class FairnessGate:
             q.reconfigure(settings)
             q.pump(force=not settings.enabled)
 
+    def install(self, settings: FairnessSettings | None) -> FairnessGate | None:
+        """A router configuration was installed: the gate for the proxy, or None when fair
+        queuing is off (absent or `enabled: false`; waiters then all go through)."""
+        self.configure(settings if settings is not None else FairnessSettings(enabled=False))
+        return self if self.settings.enabled else None
+
+    def follow(self, scraper: Any, applier: Any) -> None:
+        """Chain onto the engine-state scraper's snapshots and the routing-state installs."""
+        prev_update, prev_swap = scraper.on_update, applier.on_swap
+
+        def on_update(snap: Any) -> None:
+            if prev_update is not None:
+                prev_update(snap)
+            self.on_snapshot(snap)
+
+        def on_swap(state: Any) -> None:
+            if prev_swap is not None:
+                prev_swap(state)
+            self.on_state(state.targets)
+
+        scraper.on_update, applier.on_swap = on_update, on_swap
+
     def learned_capacity(self, healthy: list[Any]) -> int | None:
         total = 0
         learned = self.learned

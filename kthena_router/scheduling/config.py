@@ -36,6 +36,7 @@ import yaml
 
 from ..config.errors import ConfigError, ConfigProblem
 from ..config.traffic import DEFAULT_TRAFFIC, TrafficSettings, parse_traffic
+from ..fairness.config import FairnessSettings, parse_fairness
 from ..identity.config import AuthConfig, parse_auth
 # Same YAML and value rules as the route config (helpers take any collector with .err()).
 from ..config.checks import check_list as _list, type_name as _type_name
@@ -146,6 +147,7 @@ class RouterConfiguration:
     digest: str  # sha256 hex of the file bytes
     warnings: tuple[str, ...]
     traffic: TrafficSettings = DEFAULT_TRAFFIC  # ours: timeouts, outlier detection, admission
+    fairness: FairnessSettings | None = None  # ours: fair queuing (None: section absent, off)
 
 
 # Our pipeline when the file has no `scheduler` (Kthena's Helm chart default).
@@ -411,19 +413,21 @@ def router_configuration_from_object(
 ) -> RouterConfiguration:
     """Validate one decoded routerConfiguration mapping (not the ConfigMap wrapper)."""
     c = _Ctx(source, document, Path(base_dir) if base_dir is not None else Path.cwd())
-    m = _mapping(c, obj, "", ("scheduler", "auth", "sessionSticky", "traffic"))
+    m = _mapping(c, obj, "", ("scheduler", "auth", "sessionSticky", "traffic", "fairness"))
     scheduler: SchedulerSettings | None = None
     auth = None
     sticky = None
     traffic = DEFAULT_TRAFFIC
+    fairness = None
     if m is not None:
         scheduler = _scheduler(c, m.get("scheduler"))
         traffic = parse_traffic(c, m.get("traffic"))
         auth = parse_auth(c, m.get("auth"), c.base_dir)
         sticky = _session_sticky(c, m.get("sessionSticky"))
+        fairness = parse_fairness(c, m.get("fairness"))
     if c.problems or scheduler is None:
         raise ConfigError(c.problems or [ConfigProblem(source, document, "", "invalid configuration")])
-    return RouterConfiguration(scheduler, auth, sticky, source, digest, tuple(c.warnings), traffic)
+    return RouterConfiguration(scheduler, auth, sticky, source, digest, tuple(c.warnings), traffic, fairness)
 
 
 def _load_yaml(text: str, source: str, document: str, first_index: int = 1) -> list[Any]:

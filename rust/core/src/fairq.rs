@@ -109,8 +109,13 @@ fn clamp(c: f64) -> f64 {
 }
 
 impl Level {
-    fn tenant(&mut self, id: u32, weight: f64, now_ms: u64) -> &mut Tenant {
-        let t = self.tenants.entry(id).or_insert_with(|| Tenant {
+    fn tenant(
+        tenants: &mut HashMap<u32, Tenant>,
+        id: u32,
+        weight: f64,
+        now_ms: u64,
+    ) -> &mut Tenant {
+        let t = tenants.entry(id).or_insert_with(|| Tenant {
             counter: 0.0,
             weight,
             fifo: VecDeque::new(),
@@ -123,16 +128,12 @@ impl Level {
         t
     }
 
-    /// The VTC lift of a tenant that is about to become backlogged.
-    fn lift(&mut self, id: u32) {
-        let floor = match self.backlog.first() {
+    /// What a tenant that becomes backlogged is lifted to (VTC): the smallest backlogged
+    /// counter, or with none, the counter of the last tenant that left the queue.
+    fn floor(&self) -> f64 {
+        match self.backlog.first() {
             Some(&(bits, _)) => f64::from_bits(bits),
             None => self.last_left,
-        };
-        if let Some(t) = self.tenants.get_mut(&id) {
-            if t.counter < floor {
-                t.counter = floor;
-            }
         }
     }
 
@@ -262,14 +263,12 @@ impl FairQueue {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
         let level = &mut self.levels[self.class_level[ci]];
-        let newly = level.tenant(tenant, weight, now_ms).live == 0;
-        if newly {
-            level.lift(tenant);
+        let floor = level.floor();
+        let t = Level::tenant(&mut level.tenants, tenant, weight, now_ms);
+        let newly = t.live == 0;
+        if newly && t.counter < floor {
+            t.counter = floor; // the VTC lift
         }
-        let t = level
-            .tenants
-            .get_mut(&tenant)
-            .expect("tenant just inserted");
         t.live += 1;
         t.fifo.push_back(ticket);
         if newly {
@@ -293,7 +292,7 @@ impl FairQueue {
     pub fn dequeue(&mut self, now_ms: u64) -> Option<(u64, u32, u32)> {
         let li = self.levels.iter().position(|l| l.len > 0)?;
         let level = &mut self.levels[li];
-        let &(bits, tid) = level.backlog.first()?;
+        let (_, tid) = level.backlog.pop_first()?;
         let t = level.tenants.get_mut(&tid)?;
         let (ticket, w) = loop {
             let tk = t.fifo.pop_front()?;
@@ -304,19 +303,18 @@ impl FairQueue {
         t.live -= 1;
         t.in_flight += 1;
         t.last_active_ms = now_ms;
-        let leaves = t.live == 0;
-        if leaves {
+        let cw = self.classes[w.class as usize].weight;
+        let amount =
+            (self.cost.tokens(w.input_est as f64, 0.0) + self.cost.request) * cw / t.weight;
+        t.counter = clamp(t.counter + amount);
+        if t.live > 0 {
+            level.backlog.insert((t.counter.to_bits(), tid));
+        } else {
             t.fifo.clear();
-            level.backlog.remove(&(bits, tid));
+            level.last_left = t.counter;
         }
         level.len -= 1;
         self.class_len[w.class as usize] -= 1;
-        let amount = self.dispatch_cost(w.class, w.tenant, w.input_est, li);
-        let level = &mut self.levels[li];
-        level.charge(tid, amount);
-        if leaves {
-            level.last_left = level.tenants[&tid].counter;
-        }
         Some((ticket, w.class, w.tenant))
     }
 
@@ -343,11 +341,12 @@ impl FairQueue {
         let weight = Self::tenant_weight(weight)?;
         let li = self.class_level[ci];
         let level = &mut self.levels[li];
-        let t = level.tenant(tenant, weight, now_ms);
+        let floor = level.floor();
+        let t = Level::tenant(&mut level.tenants, tenant, weight, now_ms);
         t.in_flight += 1;
         let backlogged = t.live > 0;
-        if !backlogged {
-            level.lift(tenant);
+        if !backlogged && t.counter < floor {
+            t.counter = floor;
         }
         let amount = self.dispatch_cost(class, tenant, input_est, li);
         let level = &mut self.levels[li];
