@@ -55,6 +55,11 @@ def _metric(router: harness.Router, name: str, **labels: str) -> float:
     return total
 
 
+async def _until(router: harness.Router, name: str, value: float, **labels: str) -> None:
+    await asyncio.to_thread(harness.wait_until, lambda: _metric(router, name, **labels) == value, 10,
+                            what=f"{name} {labels} == {value}")
+
+
 async def _closed_loop(client: openai.AsyncOpenAI, until: float, out: list[tuple[float, float, int]]) -> None:
     """Requests back to back until `until`: (start, latency, tokens) of each one that
     completed before `until`."""
@@ -127,9 +132,9 @@ def test_priority_classes_are_served_first(simulator: harness.Simulator, tmp_pat
 
     async def run() -> None:
         blocker = asyncio.ensure_future(_chat(heavy, "blocker"))
-        await asyncio.sleep(0.2)
+        await _until(router, "kthena_router_fairness_queue_inflight", 1)
         lows = [asyncio.ensure_future(_chat(low, f"low-{i}")) for i in range(3)]
-        await asyncio.sleep(0.2)
+        await _until(router, "kthena_router_fairness_queue_size", 3, priority="low")
         highs = [asyncio.ensure_future(_chat(high, f"high-{i}")) for i in range(3)]
         await asyncio.gather(blocker, *lows, *highs)
 
@@ -159,10 +164,10 @@ def test_queue_full_gets_429_and_max_wait_503_with_retry_after(simulator: harnes
 
     async def run() -> tuple[list[httpx.Response], httpx.Response, BaseException]:
         blocker = asyncio.ensure_future(_chat(client, "blocker"))
-        await asyncio.sleep(0.3)
+        await _until(router, "kthena_router_fairness_queue_inflight", 1)
         async with httpx.AsyncClient(timeout=30) as http:
             queued = [asyncio.ensure_future(http.post(url, json=body, headers=headers)) for _ in range(2)]
-            await asyncio.sleep(0.3)
+            await _until(router, "kthena_router_fairness_queue_size", 2)
             full = await http.post(url, json=body, headers=headers)
             with pytest.raises(openai.RateLimitError) as sdk:
                 await _chat(client)
@@ -201,17 +206,15 @@ def test_client_that_disconnects_while_queued_leaves_the_queue(simulator: harnes
 
     async def run() -> tuple[float, float]:
         blocker = asyncio.ensure_future(_chat(client, "blocker"))
-        await asyncio.sleep(0.3)
+        await _until(router, "kthena_router_fairness_queue_inflight", 1)
         async with httpx.AsyncClient(timeout=30) as http:
             waiter = asyncio.ensure_future(http.post(url, json=body, headers={
                 "authorization": "Bearer sk-light-0123456789", "x-request-id": "gone"}))
-            await asyncio.to_thread(harness.wait_until, lambda: _metric(
-                router, "kthena_router_fairness_queue_size") == 1, 10, what="request queued")
+            await _until(router, "kthena_router_fairness_queue_size", 1)
             waiter.cancel()  # the client goes away while its request waits
             with pytest.raises(asyncio.CancelledError):
                 await waiter
-        await asyncio.to_thread(harness.wait_until, lambda: _metric(
-            router, "kthena_router_fairness_queue_size") == 0, 5, what="queue emptied")
+        await _until(router, "kthena_router_fairness_queue_size", 0)
         size_after = _metric(router, "kthena_router_fairness_queue_size")
         dropped = _metric(router, "kthena_router_fairness_rejected_total", reason="client_disconnect")
         await blocker
