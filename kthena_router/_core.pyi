@@ -247,3 +247,43 @@ class KvOwnership:
         """BlockRemoved for hashes not held: a desync signal."""
     def memory_bytes(self) -> int: ...
     def __len__(self) -> int: ...
+
+class FairQueue:
+    """The fair queue of one model (rust/core/src/fairq.rs): priority levels first (classes
+    by ascending `order`; equal orders share a level), then within a level the tenant with
+    the smallest virtual token counter (VTC, OSDI 2024), FIFO per tenant. Tenants are ints
+    interned by the caller; class ids are indices of `classes` [(order, weight, max_len)].
+    Cost of a request to its tenant: (token_weight * (input_weight * in + output_weight *
+    out) + request_weight) * class weight / tenant weight; the input estimate and request
+    cost at dispatch (`dequeue`/`admit`), the rest at `settle`. A tenant that becomes
+    backlogged is lifted to the smallest backlogged counter (none: the last one to leave).
+    ValueError on a bad class list, weight or class id. Not for concurrent use from threads.
+    """
+
+    def __init__(
+        self,
+        classes: list[tuple[int, float, int]],
+        input_weight: float = 1.0,
+        output_weight: float = 2.0,
+        token_weight: float = 1.0,
+        request_weight: float = 0.0,
+    ) -> None: ...
+    def __len__(self) -> int: ...
+    def class_len(self, class_id: int) -> int: ...
+    def set_max_len(self, class_id: int, max_len: int) -> None: ...
+    def enqueue(self, class_id: int, tenant: int, weight: float, input_est: int, now_ms: int) -> int:
+        """Ticket (> 0), or 0 when the class is at its max length."""
+    def dequeue(self, now_ms: int) -> int:
+        """The next ticket (charged its dispatch cost), 0 when nothing waits."""
+    def admit(self, class_id: int, tenant: int, weight: float, input_est: int, now_ms: int) -> None:
+        """A request that goes through without waiting: lifted, charged its dispatch cost."""
+    def cancel(self, ticket: int) -> bool:
+        """Remove a waiter at once; False if it is not waiting."""
+    def settle(self, class_id: int, tenant: int, input_delta: int, output: int, now_ms: int) -> None:
+        """A dispatched request ended: real prompt tokens - estimate, and output tokens."""
+    def counter(self, class_id: int, tenant: int) -> float | None: ...
+    def prune(self, now_ms: int, idle_ms: int) -> list[int]:
+        """Forget tenants idle that long with nothing waiting or in flight; the ids freed."""
+    def tenants(self) -> int: ...
+    def waiting(self) -> list[tuple[int, int, int]]:
+        """(ticket, class_id, tenant) of every waiter, in arrival order."""

@@ -37,6 +37,9 @@ from kthena_router.endpoints.registry import EndpointRegistry
 from kthena_router.endpoints.selection import EndpointSelector
 from kthena_router.engine_state.scraper import EngineStateScraper
 from kthena_router.errors import RequestError, error_body, error_response, send_error
+from kthena_router.fairness.config import FairnessSettings
+from kthena_router.fairness.gate import FairnessGate
+from kthena_router.fairness.metrics import FairnessMetrics
 from kthena_router.gc_tuning import GcMonitor, freeze_startup_heap
 from kthena_router.identity.service import IdentityService
 from kthena_router.loop_lag import LoopLagSampler
@@ -121,6 +124,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
             if state is not None:  # outlier settings
                 registry.apply_policies(state.targets)
             identity.install(rc.auth)
+            forwarder.fairness = fairness.install(rc.fairness)
 
         reloader.on_install = installed
         balancer = reloader.balancer
@@ -138,8 +142,11 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     limiter = forwarder.limiter = Limiter(RateLimitMetrics(metrics.registry), lambda: (
         rc.rate_limits if (rc := router_config.current) is not None else None), settings.workers)
     identity = IdentityService(settings, metrics.registry, lambda auth: setattr(forwarder, "auth", auth))
+    # fair queuing needs the router configuration (its section, the scraped engine state)
+    fairness = FairnessGate(FairnessMetrics(metrics.registry), FairnessSettings(enabled=False), settings.workers)
     if router_config.current is not None:
         identity.install(router_config.current.auth)
+        forwarder.fairness = fairness.install(router_config.current.fairness)
 
     def panic(key: tuple[str, str], endpoints: Any) -> None:
         metrics.panic(f"{key[0]}/{key[1]}")
@@ -179,6 +186,8 @@ def create_app(settings: RouterSettings | None = None) -> Any:
             scraper = EngineStateScraper(pool.session, settings.scrape_interval_s)
             await reloader.start(scraper)
             applier.on_swap = reloader.on_state
+            fairness.follow(scraper, applier)
+            tasks.append(loop.create_task(fairness.run()))
         await applier.apply(cfg)
         await identity.start()
         if scraper is not None:

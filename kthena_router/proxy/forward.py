@@ -29,6 +29,7 @@ from kthena_router.endpoints.balancer import Balancer
 from kthena_router.endpoints.health import HealthProber
 from kthena_router.endpoints.registry import EndpointState
 from kthena_router.errors import RequestError, send_error
+from kthena_router.fairness.gate import FairnessGate
 from kthena_router.identity.authenticate import Authenticator
 from kthena_router.identity.model import ANONYMOUS, Identity
 from kthena_router.metrics import RouterMetrics
@@ -108,6 +109,7 @@ class Forwarder:
         self.needs_info = balancer.needs_request_info
         self.limiter: Limiter | None = None  # token rate limits (app.py sets it)
         self.auth: Authenticator | None = None  # set by the identity service when auth is configured
+        self.fairness: FairnessGate | None = None  # set while the router configuration enables fair queuing
         # Weighted route splits; per worker. A fixed seed makes a 1-worker run reproducible.
         self.rng = random.Random(settings.route_seed)
         self.in_flight = 0
@@ -119,7 +121,10 @@ class Forwarder:
         state = self.holder.current
         if state is not None:
             admission = state.traffic.admission
-            if admission.max_in_flight_per_worker and self.in_flight >= admission.max_in_flight_per_worker:
+            # requests waiting in the fair queue are bounded by its maxQueueLength, not here
+            fq = self.fairness
+            busy = self.in_flight - fq.waiters if fq is not None else self.in_flight
+            if admission.max_in_flight_per_worker and busy >= admission.max_in_flight_per_worker:
                 await self._shed(scope, send, admission, t0)
                 return
         self.in_flight += 1
@@ -309,7 +314,17 @@ class _Request(Exchange):
         # request line and headers except Host (per endpoint), then the body's length
         head = request_line(self.scope["method"], self.path, self.scope.get("query_string", b""))
         tail = headers + b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n"
-        await fw.executor.run(self, match, targets, info, head, tail, payload, traffic, pinned)
+        gate = fw.fairness
+        if gate is None or isinstance(body, _ById):
+            await fw.executor.run(self, match, targets, info, head, tail, payload, traffic, pinned)
+            return
+        ident = self.identity
+        slot = await gate.acquire(server.key, self.server_label, self.route_label, targets,
+                                  ident.tenant or ident.user, ident.priority, len(payload))
+        try:
+            await fw.executor.run(self, match, targets, info, head, tail, payload, traffic, pinned)
+        finally:
+            gate.release(slot, self.att_prompt_tokens, self.completion_tokens)
 
     def start_headers(self, resp: Response, body_len: int | None) -> list[tuple[bytes, bytes]]:
         out = response_headers(resp.raw_headers)

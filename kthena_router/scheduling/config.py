@@ -37,6 +37,7 @@ import yaml
 from ..config.errors import ConfigError, ConfigProblem
 from ..config.traffic import DEFAULT_TRAFFIC, TrafficSettings, parse_traffic
 from ..ratelimit.config import DEFAULT_RATE_LIMITS, RateLimitSettings, parse_rate_limits
+from ..fairness.config import FairnessSettings, parse_fairness
 from ..identity.config import AuthConfig, parse_auth
 # Same YAML and value rules as the route config (helpers take any collector with .err()).
 from ..config.checks import check_list as _list, type_name as _type_name
@@ -148,6 +149,7 @@ class RouterConfiguration:
     warnings: tuple[str, ...]
     traffic: TrafficSettings = DEFAULT_TRAFFIC  # ours: timeouts, outlier detection, admission
     rate_limits: RateLimitSettings = DEFAULT_RATE_LIMITS  # ours: rateLimits (kthena_router/ratelimit)
+    fairness: FairnessSettings | None = None  # ours: fair queuing (None: section absent, off)
 
 
 # Our pipeline when the file has no `scheduler` (Kthena's Helm chart default).
@@ -413,22 +415,24 @@ def router_configuration_from_object(
 ) -> RouterConfiguration:
     """Validate one decoded routerConfiguration mapping (not the ConfigMap wrapper)."""
     c = _Ctx(source, document, Path(base_dir) if base_dir is not None else Path.cwd())
-    m = _mapping(c, obj, "", ("scheduler", "auth", "sessionSticky", "traffic", "rateLimits"))
+    m = _mapping(c, obj, "", ("scheduler", "auth", "sessionSticky", "traffic", "rateLimits", "fairness"))
     scheduler: SchedulerSettings | None = None
     auth = None
     sticky = None
     traffic = DEFAULT_TRAFFIC
     rate_limits = DEFAULT_RATE_LIMITS
+    fairness = None
     if m is not None:
         scheduler = _scheduler(c, m.get("scheduler"))
         traffic = parse_traffic(c, m.get("traffic"))
         auth = parse_auth(c, m.get("auth"), c.base_dir)
         sticky = _session_sticky(c, m.get("sessionSticky"))
         rate_limits = parse_rate_limits(c, m.get("rateLimits"))
+        fairness = parse_fairness(c, m.get("fairness"))
     if c.problems or scheduler is None:
         raise ConfigError(c.problems or [ConfigProblem(source, document, "", "invalid configuration")])
     return RouterConfiguration(scheduler, auth, sticky, source, digest, tuple(c.warnings), traffic,
-                               rate_limits=rate_limits)
+                               rate_limits=rate_limits, fairness=fairness)
 
 
 def _load_yaml(text: str, source: str, document: str, first_index: int = 1) -> list[Any]:

@@ -18,13 +18,7 @@ fn scorer(c: &ScorerConfig, n: u32) -> Scorer {
     s
 }
 
-fn sched(
-    s: &mut Scorer,
-    req: u64,
-    m: &[(u32, u32)],
-    lora: Option<u32>,
-    total: u32,
-) -> Vec<u32> {
+fn sched(s: &mut Scorer, req: u64, m: &[(u32, u32)], lora: Option<u32>, total: u32) -> Vec<u32> {
     let mut out = Vec::new();
     s.schedule(req, m, lora, total, &mut out);
     out

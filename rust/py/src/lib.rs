@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 
+mod fairq;
 mod kv_ownership;
 mod prefix;
 mod registry;
@@ -23,5 +24,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kv_ownership::KvOwnership>()?;
     m.add_function(wrap_pyfunction!(kv_ownership::token_block_hashes, m)?)?;
     m.add_function(wrap_pyfunction!(kv_ownership::block_hash_key, m)?)?;
+    m.add_class::<fairq::FairQueue>()?;
     Ok(())
 }

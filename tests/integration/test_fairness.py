@@ -1,0 +1,232 @@
+"""Fair queuing (router configuration `fairness`): a real router, the real simulator made
+slow (a per-token delay), API keys naming the tenants and priority classes, the real
+OpenAI SDK. One engine with `maxInFlightPerEndpoint` slots saturates on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+import auth_harness as ah
+import harness
+
+KEYS = {
+    "sk-heavy-0123456789": ah.api_key("heavy-key", tenant="heavy"),
+    "sk-light-0123456789": ah.api_key("light-key", tenant="light"),
+    "sk-high-0123456789": ah.api_key("high-key", tenant="light", priority="high"),
+    "sk-low-0123456789": ah.api_key("low-key", tenant="heavy", priority="low"),
+}
+TOKEN_DELAY_S = 0.02
+MAX_TOKENS = 8
+
+
+def _start(simulator: harness.Simulator, tmp_path: Path, fairness: dict[str, Any]) -> harness.Router:
+    keys = ah.write_keys_file(tmp_path / "auth" / "keys.yaml", KEYS)
+    rc = ah.write_router_config(tmp_path / "auth" / "router.yaml", ah.auth_section(keys), fairness=fairness)
+    config = harness.write_config(tmp_path / "cfg" / "routes.yaml", harness.engine_config(simulator.ports[:1]))
+    return harness.start_router(config, tmp_path, extra_args=["--router-config", str(rc)])
+
+
+def _client(router: harness.Router, key: str, timeout: float = 60) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=router.openai_url, api_key=key, max_retries=0, timeout=timeout)
+
+
+async def _chat(client: openai.AsyncOpenAI, request_id: str = "") -> Any:
+    headers = {"x-request-id": request_id} if request_id else None
+    return await client.chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "hello there"}], max_tokens=MAX_TOKENS,
+        extra_headers=headers)
+
+
+def _metric(router: harness.Router, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in router.metrics_text().splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def _until(router: harness.Router, name: str, value: float, **labels: str) -> None:
+    await asyncio.to_thread(harness.wait_until, lambda: _metric(router, name, **labels) == value, 10,
+                            what=f"{name} {labels} == {value}")
+
+
+async def _closed_loop(client: openai.AsyncOpenAI, until: float, out: list[tuple[float, float, int]]) -> None:
+    """Requests back to back until `until`: (start, latency, tokens) of each one that
+    completed before `until`."""
+    while (t0 := time.monotonic()) < until:
+        reply = await _chat(client)
+        t1 = time.monotonic()
+        if t1 <= until:
+            out.append((t0, t1 - t0, reply.usage.prompt_tokens + reply.usage.completion_tokens))
+
+
+def _p99(samples: list[float]) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(0.99 * len(s)))]
+
+
+def test_light_tenant_latency_and_token_shares_under_saturation(simulator: harness.Simulator,
+                                                                tmp_path: Path) -> None:
+    fairness = {"saturation": {"maxInFlightPerEndpoint": 4},
+                "tenants": {"heavy": {"weight": 1}, "light": {"weight": 2}}}
+    router = _start(simulator, tmp_path, fairness)
+    simulator.set_faults(0, token_delay_s=TOKEN_DELAY_S)
+    heavy, light = _client(router, "sk-heavy-0123456789"), _client(router, "sk-light-0123456789")
+
+    async def run() -> tuple[list[Any], list[Any], list[Any], list[Any], list[Any]]:
+        await _chat(light)  # warm-up (connections, first scrape)
+        alone: list[Any] = []
+        await _closed_loop(light, time.monotonic() + 4, alone)
+        # the light tenant stays within its share (one request at a time) while heavy floods
+        mixed_light: list[Any] = []
+        mixed_heavy: list[Any] = []
+        end = time.monotonic() + 6
+        await asyncio.gather(_closed_loop(light, end, mixed_light),
+                             *(_closed_loop(heavy, end, mixed_heavy) for _ in range(10)))
+        # both backlogged: weights heavy 1 : light 2
+        both_light: list[Any] = []
+        both_heavy: list[Any] = []
+        end = time.monotonic() + 8
+        await asyncio.gather(*(_closed_loop(light, end, both_light) for _ in range(8)),
+                             *(_closed_loop(heavy, end, both_heavy) for _ in range(8)))
+        return alone, mixed_light, mixed_heavy, both_light, both_heavy
+
+    try:
+        alone, mixed_light, mixed_heavy, both_light, both_heavy = asyncio.run(run())
+        queued = _metric(router, "kthena_router_fairness_admitted_total", tenant="heavy", path="queued")
+    finally:
+        router.stop()
+    assert len(alone) >= 10 and len(mixed_light) >= 10 and mixed_heavy
+    assert queued > 0  # the engine was saturated: heavy waited in the fair queue
+    p99_alone = _p99([lat for _, lat, _ in alone])
+    p99_mixed = _p99([lat for _, lat, _ in mixed_light])
+    assert p99_mixed <= 2 * p99_alone, f"light p99 {p99_mixed:.3f}s with heavy vs {p99_alone:.3f}s alone"
+    # shares of the tokens served while both were backlogged (skip the first second: start-up)
+    t_start = min(t for t, _, _ in both_light + both_heavy) + 1.0
+    light_tokens = sum(n for t, _, n in both_light if t >= t_start)
+    heavy_tokens = sum(n for t, _, n in both_heavy if t >= t_start)
+    share = light_tokens / (light_tokens + heavy_tokens)
+    print(f"light p99 alone {p99_alone:.3f}s, with heavy {p99_mixed:.3f}s; light token share {share:.3f}")
+    assert abs(share / (2 / 3) - 1) <= 0.10, f"light share {share:.3f}, weights say 0.667"
+    assert abs((1 - share) / (1 / 3) - 1) <= 0.10, f"heavy share {1 - share:.3f}, weights say 0.333"
+
+
+def test_priority_classes_are_served_first(simulator: harness.Simulator, tmp_path: Path) -> None:
+    fairness = {"priorityClasses": [{"name": "high", "order": 0}, {"name": "default", "order": 1},
+                                    {"name": "low", "order": 2}],
+                "saturation": {"maxInFlightPerEndpoint": 1}}
+    router = _start(simulator, tmp_path, fairness)
+    simulator.set_faults(0, token_delay_s=0.05)
+    low, high = _client(router, "sk-low-0123456789"), _client(router, "sk-high-0123456789")
+    heavy = _client(router, "sk-heavy-0123456789")
+
+    async def run() -> None:
+        blocker = asyncio.ensure_future(_chat(heavy, "blocker"))
+        await _until(router, "kthena_router_fairness_queue_inflight", 1)
+        lows = [asyncio.ensure_future(_chat(low, f"low-{i}")) for i in range(3)]
+        await _until(router, "kthena_router_fairness_queue_size", 3, priority="low")
+        highs = [asyncio.ensure_future(_chat(high, f"high-{i}")) for i in range(3)]
+        await asyncio.gather(blocker, *lows, *highs)
+
+    try:
+        simulator.reset_requests(0)
+        asyncio.run(run())
+        log = [e["request_id"] for e in simulator.requests(0)["log"]]
+    finally:
+        router.stop()
+    # one slot: the engine sees requests in dispatch order; all high ones before the low ones
+    order = [r.split("-")[0] for r in log]
+    assert order[0] == "blocker", log
+    assert order[1:4] == ["high"] * 3, log
+    assert order[4:] == ["low"] * 3, log
+
+
+def test_queue_full_gets_429_and_max_wait_503_with_retry_after(simulator: harness.Simulator,
+                                                               tmp_path: Path) -> None:
+    fairness = {"priorityClasses": [{"name": "default", "maxQueueLength": 2, "maxWaitSeconds": 1.5}],
+                "saturation": {"maxInFlightPerEndpoint": 1}, "retryAfterSeconds": 3}
+    router = _start(simulator, tmp_path, fairness)
+    simulator.set_faults(0, token_delay_s=1.0)  # the blocker holds the only slot for ~8 s
+    client = _client(router, "sk-heavy-0123456789")
+    url = f"{router.openai_url}/chat/completions"
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": MAX_TOKENS}
+    headers = {"authorization": "Bearer sk-light-0123456789"}
+
+    async def run() -> tuple[list[httpx.Response], httpx.Response, BaseException]:
+        blocker = asyncio.ensure_future(_chat(client, "blocker"))
+        await _until(router, "kthena_router_fairness_queue_inflight", 1)
+        async with httpx.AsyncClient(timeout=30) as http:
+            queued = [asyncio.ensure_future(http.post(url, json=body, headers=headers)) for _ in range(2)]
+            await _until(router, "kthena_router_fairness_queue_size", 2)
+            full = await http.post(url, json=body, headers=headers)
+            with pytest.raises(openai.RateLimitError) as sdk:
+                await _chat(client)
+            waited = await asyncio.gather(*queued)
+        blocker.cancel()
+        return waited, full, sdk.value
+
+    try:
+        waited, full, sdk_err = asyncio.run(run())
+        rejected_full = _metric(router, "kthena_router_fairness_rejected_total", reason="queue_full")
+        rejected_wait = _metric(router, "kthena_router_fairness_rejected_total", reason="max_wait")
+    finally:
+        router.stop()
+    assert full.status_code == 429
+    err = full.json()["error"]
+    assert err["code"] == "queue_full" and err["type"] == "RateLimitError"
+    assert "full for priority class `default`" in err["message"]
+    assert full.headers["retry-after"] == "3"
+    assert sdk_err.status_code == 429  # the OpenAI SDK sees its usual RateLimitError
+    for r in waited:
+        assert r.status_code == 503
+        e = r.json()["error"]
+        assert e["code"] == "queue_timeout" and "maxWaitSeconds" in e["message"]
+        assert r.headers["retry-after"] == "3"
+    assert rejected_full == 2 and rejected_wait == 2
+
+
+def test_client_that_disconnects_while_queued_leaves_the_queue(simulator: harness.Simulator,
+                                                               tmp_path: Path) -> None:
+    fairness = {"saturation": {"maxInFlightPerEndpoint": 1}}
+    router = _start(simulator, tmp_path, fairness)
+    simulator.set_faults(0, token_delay_s=0.5)  # the blocker takes ~4 s
+    client = _client(router, "sk-heavy-0123456789")
+    url = f"{router.openai_url}/chat/completions"
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": MAX_TOKENS}
+
+    async def run() -> tuple[float, float]:
+        blocker = asyncio.ensure_future(_chat(client, "blocker"))
+        await _until(router, "kthena_router_fairness_queue_inflight", 1)
+        async with httpx.AsyncClient(timeout=30) as http:
+            waiter = asyncio.ensure_future(http.post(url, json=body, headers={
+                "authorization": "Bearer sk-light-0123456789", "x-request-id": "gone"}))
+            await _until(router, "kthena_router_fairness_queue_size", 1)
+            waiter.cancel()  # the client goes away while its request waits
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+        await _until(router, "kthena_router_fairness_queue_size", 0)
+        size_after = _metric(router, "kthena_router_fairness_queue_size")
+        dropped = _metric(router, "kthena_router_fairness_rejected_total", reason="client_disconnect")
+        await blocker
+        return size_after, dropped
+
+    try:
+        simulator.reset_requests(0)
+        size_after, dropped = asyncio.run(run())
+        time.sleep(0.5)
+        log = simulator.requests(0)["log"]
+    finally:
+        router.stop()
+    assert size_after == 0 and dropped == 1
+    assert [e["request_id"] for e in log] == ["blocker"]  # the engine never saw the request that left
+    assert not any(re.fullmatch("gone", e["request_id"]) for e in log)
