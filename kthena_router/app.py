@@ -44,6 +44,7 @@ from kthena_router.proxy.forward import Forwarder, Receive, Scope, Send
 from kthena_router.proxy.upstream import H1Pool, UpstreamPool
 from kthena_router.router_config_reload import RouterConfigHolder, RouterConfigReloader
 from kthena_router.scheduling.config import load_router_configuration_bytes, load_router_configuration_file
+from kthena_router.session import SessionAffinity
 from kthena_router.settings import RouterSettings
 from kthena_router.state import RouterState, StateHolder
 
@@ -135,7 +136,10 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     prober = HealthProber(lambda: pool.session, all_targets, settings.health_probe_interval_s,
                           settings.health_probe_timeout_s)
     access_log = AccessLog(settings.access_log, settings.access_log_flush_s) if settings.access_log else None
-    forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober, access_log=access_log)
+    rc_holder = router_config
+    sticky = SessionAffinity(settings.runtime_dir, metrics,
+                             lambda: rc.session_sticky if (rc := rc_holder.current) is not None else None)
+    forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober, access_log=access_log, sticky=sticky)
 
     def panic(key: tuple[str, str], endpoints: Any) -> None:
         metrics.panic(f"{key[0]}/{key[1]}")
@@ -217,6 +221,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             await pool.close()
+            await sticky.close()
             if access_log is not None:
                 await access_log.close()
 

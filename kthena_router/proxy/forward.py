@@ -42,6 +42,7 @@ from kthena_router.proxy.sse import StreamEnd
 from kthena_router.proxy.upstream import Response, UpstreamPool
 from kthena_router.routing.table import RouteMatch, RouteNotFound
 from kthena_router.scheduling.request import RequestInfo
+from kthena_router.session import Pin, SessionAffinity
 from kthena_router.settings import RouterSettings
 from kthena_router.state import StateHolder
 
@@ -95,7 +96,8 @@ class Forwarder:
 
     def __init__(self, settings: RouterSettings, holder: StateHolder, pool: UpstreamPool,
                  balancer: Balancer, metrics: RouterMetrics, prober: HealthProber,
-                 executor: Executor | None = None, access_log: AccessLog | None = None) -> None:
+                 executor: Executor | None = None, access_log: AccessLog | None = None,
+                 sticky: SessionAffinity | None = None) -> None:
         self.settings = settings
         self.response_ids = ResponseIds(settings.response_id_cache_size)
         self.access_log = access_log
@@ -103,6 +105,7 @@ class Forwarder:
         self.metrics = metrics
         self.executor = executor or Executor(settings, pool, balancer, metrics, prober)
         self.needs_info = balancer.needs_request_info
+        self.sticky = sticky or SessionAffinity(settings.runtime_dir, metrics, lambda: None)
         # Weighted route splits; per worker. A fixed seed makes a 1-worker run reproducible.
         self.rng = random.Random(settings.route_seed)
         self.in_flight = 0
@@ -144,7 +147,7 @@ class Forwarder:
 class _Request(Exchange):
     """State of one request; methods are the steps of Forwarder's hot path."""
 
-    __slots__ = ("fw", "scope", "fwd_headers", "header_map", "response_headers", "watch", "api")
+    __slots__ = ("fw", "scope", "fwd_headers", "header_map", "response_headers", "watch", "api", "pin")
 
     def __init__(self, fw: Forwarder, scope: Scope, t0: float, send: Send) -> None:
         path: str = scope["path"]
@@ -157,6 +160,7 @@ class _Request(Exchange):
         self.response_headers: list[tuple[bytes, bytes]] = []
         self.watch: _Disconnect | None = None
         self.api: ApiPath | None = None
+        self.pin: Pin | None = None  # session stickiness (kthena_router.session)
 
     # --- entry ----------------------------------------------------------------------
 
@@ -192,6 +196,10 @@ class _Request(Exchange):
                     raise RequestError(404, exc.message, param="model") from None
                 targets = state.targets.get(match.server.key, ())
                 pinned = self._pinned(api, body, targets)
+                if pinned is None and match.route.session_sticky is not None:
+                    self.pin = await self.fw.sticky.lookup(
+                        match.route, self.header_map, raw_headers, self.scope.get("query_string", b""),
+                        _claims(self), targets)
                 self.model_label = body.model
                 downstream = self.fw.metrics.downstream(body.model)
                 downstream.inc()
@@ -294,14 +302,26 @@ class _Request(Exchange):
         # request line and headers except Host (per endpoint), then the body's length
         head = request_line(self.scope["method"], self.path, self.scope.get("query_string", b""))
         tail = headers + b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n"
-        await fw.executor.run(self, match, targets, info, head, tail, payload, traffic, pinned)
+        await fw.executor.run(self, match, targets, info, head, tail, payload, traffic, pinned,
+                              None if self.pin is None else self.pin.preferred)
 
     def start_headers(self, resp: Response, body_len: int | None) -> list[tuple[bytes, bytes]]:
+        if self.pin is not None and resp.status < 400:  # the endpoint that answers, after any retry
+            self.fw.sticky.record(self.pin, self.endpoint_label)
         out = response_headers(resp.raw_headers)
         if body_len is not None:
             out.append((b"content-length", str(body_len).encode()))
         out.extend(self.response_headers)
         return out
+
+
+def _claims(req: _Request) -> Any:
+    """The verified JWT claims of the request's identity (JWTClaim session keys), if any."""
+    identity = getattr(req, "identity", None)
+    return identity.claims if identity is not None else _NO_CLAIMS
+
+
+_NO_CLAIMS: dict[str, Any] = {}
 
 
 class _ById:

@@ -18,8 +18,6 @@ REFUSED = [
     ("route", "rateLimit", {"inputTokensPerUnit": 10, "unit": "minute"}, "spec.rateLimit", "token rate limiting"),
     ("route", "rateLimit", {"outputTokensPerUnit": 5, "global": {"redis": {"address": "redis:6379"}}},
      "spec.rateLimit", "token rate limiting"),
-    ("route", "sessionSticky", {"sources": [{"type": "Header", "name": "x-session"}]}, "spec.sessionSticky",
-     "route-level session affinity"),
     ("server", "kvConnector", {"type": "nixl"}, "spec.kvConnector", "KV transfer"),
     ("server", "kvConnector", {}, "spec.kvConnector", "KV transfer"),
     ("server", "pdGroup", PD, "spec.workloadSelector.pdGroup", "prefill/decode disaggregation"),
