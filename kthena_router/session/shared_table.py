@@ -59,17 +59,19 @@ class SharedTable:
         """The endpoint hash pinned for `key`, its expiry moved to now + ttl (sliding);
         None when absent, expired, torn, or further away than ttl (a clock jump, a stale file)."""
         base = (key % self.buckets) * _BUCKET * _SLOT.size
-        words = _BUCKET_S.unpack_from(self._map, base)
-        for i in range(0, 4 * _BUCKET, 4):
-            if words[i] != key:
-                continue
-            ep, expires, check = words[i + 1], words[i + 2], words[i + 3]
-            if check != _check(key, ep, expires) or not now_ms < expires <= now_ms + ttl_ms:
-                return None
-            expires = now_ms + ttl_ms
-            _SLOT.pack_into(self._map, base + i * 8, key, ep, expires, _check(key, ep, expires))
-            return ep
-        return None
+        end = base + _BUCKET * _SLOT.size
+        needle = key.to_bytes(8, "little")
+        at = self._map.find(needle, base, end)  # a C scan; only slot-aligned hits are keys
+        while at >= 0 and (at - base) % _SLOT.size:
+            at = self._map.find(needle, at + 1, end)
+        if at < 0:
+            return None
+        _, ep, expires, check = _SLOT.unpack_from(self._map, at)
+        if check != _check(key, ep, expires) or not now_ms < expires <= now_ms + ttl_ms:
+            return None
+        expires = now_ms + ttl_ms
+        _SLOT.pack_into(self._map, at, key, ep, expires, _check(key, ep, expires))
+        return ep  # type: ignore[no-any-return]
 
     def put(self, key: int, ep: int, now_ms: int, ttl_ms: int) -> None:
         base = (key % self.buckets) * _BUCKET * _SLOT.size
