@@ -36,8 +36,9 @@ from kthena_router.endpoints.health import HealthProber
 from kthena_router.endpoints.registry import EndpointRegistry
 from kthena_router.endpoints.selection import EndpointSelector
 from kthena_router.engine_state.scraper import EngineStateScraper
-from kthena_router.errors import RequestError, error_response, send_error
+from kthena_router.errors import RequestError, error_body, error_response, send_error
 from kthena_router.gc_tuning import GcMonitor, freeze_startup_heap
+from kthena_router.identity.service import IdentityService
 from kthena_router.loop_lag import LoopLagSampler
 from kthena_router.metrics import RouterMetrics, ensure_multiprocess
 from kthena_router.proxy.forward import Forwarder, Receive, Scope, Send
@@ -67,22 +68,17 @@ _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRA
 _KNOWN_METHODS = frozenset(_ALL_METHODS)
 
 
-def _header_refusal(headers: list[tuple[bytes, bytes]]) -> RequestError | None:
-    """Request headers the forwarder cannot honour: a compressed body (it parses and forwards
-    the body as plain JSON, so the engine would try to decompress plain bytes) and an
-    ambiguous Content-Type (engines refuse it in their own, non-OpenAI, format)."""
-    ctypes = 0
-    for k, v in headers:
-        if k == b"content-encoding" and v.strip().lower() not in (b"", b"identity"):
-            return RequestError(415, f"Content-Encoding {v.decode('latin-1')!r} is not supported: "
-                                     "send the request body uncompressed")
-        ctypes += k == b"content-type"
-    return RequestError(400, "more than one Content-Type header") if ctypes > 1 else None
-
-
 async def _models(request: Request) -> Response:
     if request.method not in ("GET", "HEAD"):
         return error_response(405, f"method {request.method} is not allowed on /v1/models")
+    auth = request.app.state.forwarder.auth
+    if auth is not None:  # the model list is the deployment's inventory: same credentials as inference
+        try:
+            await auth.authenticate(request.headers)
+        except RequestError as err:
+            return Response(error_body(err.status, err.message, err.type, err.param, err.code), err.status,
+                            dict((k.decode(), v.decode("latin-1")) for k, v in err.headers),
+                            media_type="application/json")
     state = request.app.state.holder.current
     if state is None:
         return error_response(503, "router has no configuration loaded yet")
@@ -119,12 +115,13 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                                         holder, selector)
         router_config = reloader.holder
 
-        def outlier_settings_changed(rc: Any) -> None:
+        def installed(rc: Any) -> None:
             state = holder.current
-            if state is not None:
+            if state is not None:  # outlier settings
                 registry.apply_policies(state.targets)
+            identity.install(rc.auth)
 
-        reloader.on_install = outlier_settings_changed
+        reloader.on_install = installed
         balancer = reloader.balancer
     else:
         balancer = RoundRobinBalancer(selector)
@@ -140,6 +137,9 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     sticky = SessionAffinity(settings.runtime_dir, metrics,
                              lambda: rc.session_sticky if (rc := rc_holder.current) is not None else None)
     forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober, access_log=access_log, sticky=sticky)
+    identity = IdentityService(settings, metrics.registry, lambda auth: setattr(forwarder, "auth", auth))
+    if router_config.current is not None:
+        identity.install(router_config.current.auth)
 
     def panic(key: tuple[str, str], endpoints: Any) -> None:
         metrics.panic(f"{key[0]}/{key[1]}")
@@ -180,6 +180,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
             await reloader.start(scraper)
             applier.on_swap = reloader.on_state
         await applier.apply(cfg)
+        await identity.start()
         if scraper is not None:
             tasks.append(loop.create_task(scraper.run()))
         watchers: list[ConfigWatcher] = []
@@ -211,6 +212,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                 scraper.stop()
             if reloader is not None:
                 await reloader.close()
+            await identity.close()
             for task in tasks:
                 task.cancel()
             await prober.stop()
@@ -231,17 +233,14 @@ def create_app(settings: RouterSettings | None = None) -> Any:
         lifespan=lifespan,
     )
     starlette.state.holder = holder
+    starlette.state.forwarder = forwarder
     starlette.state.router_config = router_config  # RouterConfigHolder: read .current per request
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path = scope["path"]
             if path.startswith("/v1/") and path != "/v1/models":
-                refusal = _header_refusal(scope["headers"])
-                if refusal is None:
-                    await forwarder(scope, receive, send)
-                else:
-                    await send_error(send, refusal)
+                await forwarder(scope, receive, send)
                 return
             # starlette would answer these in plain text (or redirect a target such as "PUT")
             if scope["method"] not in _KNOWN_METHODS:
@@ -256,4 +255,5 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     app.forwarder = forwarder  # type: ignore[attr-defined]  # for in-process tests
     app.router_config_reloader = reloader  # type: ignore[attr-defined]  # .scheduler: the live one
     app.router_config = router_config  # type: ignore[attr-defined]
+    app.identity = identity  # type: ignore[attr-defined]
     return app

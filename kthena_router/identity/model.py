@@ -21,7 +21,7 @@ class Identity:
     priority: str  # priority class name; "" = the route's / router's default class
     source: str  # "anonymous" | "api_key" | "jwt"
     key_name: str = ""  # the API key's name in the keys file (never the key itself)
-    claims: Mapping[str, Any] = field(default=_NO_CLAIMS)  # verified JWT claims (JWTClaim session keys)
+    claims: Mapping[str, Any] = field(default_factory=lambda: _NO_CLAIMS)  # verified JWT claims (JWTClaim session keys)
     limits: Any = None  # per-key limits from the keys file (the rate-limit package's type)
 
 

@@ -29,6 +29,8 @@ from kthena_router.endpoints.balancer import Balancer
 from kthena_router.endpoints.health import HealthProber
 from kthena_router.endpoints.registry import EndpointState
 from kthena_router.errors import RequestError, send_error
+from kthena_router.identity.authenticate import Authenticator
+from kthena_router.identity.model import ANONYMOUS, Identity
 from kthena_router.metrics import RouterMetrics
 from kthena_router.proxy.body import ClientDisconnected, content_length, needs_usage_injection, parse_body, \
     read_body, rewrite
@@ -106,6 +108,7 @@ class Forwarder:
         self.executor = executor or Executor(settings, pool, balancer, metrics, prober)
         self.needs_info = balancer.needs_request_info
         self.sticky = sticky or SessionAffinity(settings.runtime_dir, metrics, lambda: None)
+        self.auth: Authenticator | None = None  # set by the identity service when auth is configured
         # Weighted route splits; per worker. A fixed seed makes a 1-worker run reproducible.
         self.rng = random.Random(settings.route_seed)
         self.in_flight = 0
@@ -147,7 +150,8 @@ class Forwarder:
 class _Request(Exchange):
     """State of one request; methods are the steps of Forwarder's hot path."""
 
-    __slots__ = ("fw", "scope", "fwd_headers", "header_map", "response_headers", "watch", "api", "pin")
+    __slots__ = ("fw", "scope", "fwd_headers", "header_map", "response_headers", "watch", "api", "identity",
+                 "pin")
 
     def __init__(self, fw: Forwarder, scope: Scope, t0: float, send: Send) -> None:
         path: str = scope["path"]
@@ -160,6 +164,7 @@ class _Request(Exchange):
         self.response_headers: list[tuple[bytes, bytes]] = []
         self.watch: _Disconnect | None = None
         self.api: ApiPath | None = None
+        self.identity: Identity = ANONYMOUS
         self.pin: Pin | None = None  # session stickiness (kthena_router.session)
 
     # --- entry ----------------------------------------------------------------------
@@ -175,6 +180,10 @@ class _Request(Exchange):
         downstream = None
         try:
             try:
+                if self.fw.auth is not None:  # before the body is read: a refused client sends no more
+                    self.identity = await self.fw.auth.authenticate(self.header_map)
+                if hdrs.refusal is not None:
+                    raise hdrs.refusal
                 api = self.api = resolve(self.scope["method"], self.path)
                 self.path_label = api.label
                 self.stream_end = api.stream_end
@@ -199,7 +208,7 @@ class _Request(Exchange):
                 if pinned is None and match.route.session_sticky is not None:
                     self.pin = await self.fw.sticky.lookup(
                         match.route, self.header_map, raw_headers, self.scope.get("query_string", b""),
-                        _claims(self), targets)
+                        self.identity.claims, targets)
                 self.model_label = body.model
                 downstream = self.fw.metrics.downstream(body.model)
                 downstream.inc()
@@ -313,15 +322,6 @@ class _Request(Exchange):
             out.append((b"content-length", str(body_len).encode()))
         out.extend(self.response_headers)
         return out
-
-
-def _claims(req: _Request) -> Any:
-    """The verified JWT claims of the request's identity (JWTClaim session keys), if any."""
-    identity = getattr(req, "identity", None)
-    return identity.claims if identity is not None else _NO_CLAIMS
-
-
-_NO_CLAIMS: dict[str, Any] = {}
 
 
 class _ById:

@@ -12,8 +12,8 @@ broken pipeline; we name the file, document and field instead):
   * unknown plugin names, a non-filter plugin under ``Filter``, duplicate entries, negative
     weights and wrongly typed arguments are errors;
   * ``session-affinity`` and ``cost-aware`` are refused when enabled (not implemented yet);
-  * a configured ``auth`` (issuer, audiences, jwksUri) is refused (JWT is not enforced yet;
-    an empty placeholder loads);
+  * ``auth`` (Kthena's issuer, audiences, jwksUri, and ours) is parsed and enforced by
+    kthena_router/identity (an empty placeholder loads and leaves auth off);
   * a Score entry without ``weight`` gets weight 1 (Kthena: 0, i.e. the plugin does nothing);
   * non-positive integer arguments fall back to the default with a warning (as Kthena, which
     is silent); unknown argument keys and unknown fields are errors (Kthena ignores them; a
@@ -35,6 +35,7 @@ import yaml
 
 from ..config.errors import ConfigError, ConfigProblem
 from ..config.traffic import DEFAULT_TRAFFIC, TrafficSettings, parse_traffic
+from ..identity.config import AuthConfig, parse_auth
 # Same YAML and value rules as the route config (helpers take any collector with .err()).
 from ..config.checks import check_list as _list, type_name as _type_name
 from ..config.yaml_source import StrictLoader as _StrictLoader, decode_config_text, yaml_problem as _yaml_problem
@@ -132,16 +133,6 @@ class SchedulerSettings:
 
     def enabled(self, name: str) -> bool:
         return name in self.filters or any(s.name == name for s in self.scores)
-
-
-@dataclass(frozen=True, slots=True)
-class AuthConfig:
-    """Kthena's ``auth`` (JWT). Not enforced yet, so only an empty placeholder loads: a
-    configured issuer, audience or JWKS URI is refused at load (the router would run open)."""
-
-    issuer: str = ""
-    audiences: tuple[str, ...] = ()
-    jwks_uri: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,31 +385,6 @@ def _plugins(c: _Ctx, v: Any) -> tuple[tuple[str, ...], tuple[ScorePlugin, ...],
     return tuple(filters), tuple(scores), f_dis, tuple(s_dis)
 
 
-def _auth(c: _Ctx, v: Any) -> AuthConfig | None:
-    if v is None:
-        return None
-    m = _mapping(c, v, "auth", ("issuer", "audiences", "jwksUri"))
-    if m is None:
-        return None
-    vals: dict[str, str] = {}
-    for k in ("issuer", "jwksUri"):
-        x = m.get(k)
-        if x is not None and not isinstance(x, str):
-            c.err(f"auth.{k}", f"must be a string, got {_type_name(x)} {x!r}")
-        vals[k] = x if isinstance(x, str) else ""
-    auds: list[str] = []
-    for i, a in enumerate(_list(c, m.get("audiences"), "auth.audiences")):
-        if isinstance(a, str):
-            auds.append(a)
-        else:
-            c.err(f"auth.audiences[{i}]", f"must be a string, got {_type_name(a)} {a!r}")
-    auth = AuthConfig(vals["issuer"], tuple(a for a in auds if a), vals["jwksUri"])
-    configured = [k for k, x in (("issuer", auth.issuer), ("audiences", auth.audiences),
-                                 ("jwksUri", auth.jwks_uri)) if x]
-    if configured:
-        c.err(f"auth.{configured[0]}", "JWT authentication (auth) is not supported yet; remove the auth "
-              "section (the router refuses settings it would ignore, and would run open)")
-    return auth
 
 
 def router_configuration_from_object(
@@ -434,7 +400,7 @@ def router_configuration_from_object(
     if m is not None:
         scheduler = _scheduler(c, m.get("scheduler"))
         traffic = parse_traffic(c, m.get("traffic"))
-        auth = _auth(c, m.get("auth"))
+        auth = parse_auth(c, m.get("auth"), c.base_dir)
         sticky = parse_session_sticky(c, m.get("sessionSticky"))
     if c.problems or scheduler is None:
         raise ConfigError(c.problems or [ConfigProblem(source, document, "", "invalid configuration")])

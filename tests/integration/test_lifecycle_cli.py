@@ -96,11 +96,11 @@ def test_refused_kthena_field_exits_2_naming_it(tmp_path: Path) -> None:
     assert "is not supported yet" in err and "Traceback" not in err
 
 
-def test_configured_auth_in_router_config_exits_2_naming_it(tmp_path: Path) -> None:
+def test_hmac_algorithm_in_auth_exits_2_naming_it(tmp_path: Path) -> None:
     config = harness.write_config(tmp_path / "ok.yaml", BAD_WEIGHT.replace("weight: 500", "weight: 100"))
     rc = tmp_path / "router-config.yaml"
-    rc.write_text("auth: {issuer: https://issuer.example, jwksUri: https://issuer.example/jwks}\n")
+    rc.write_text("auth: {issuer: https://issuer.example, jwksUri: https://issuer.example/jwks, algorithms: [HS256]}\n")
     proc = _run_cli(tmp_path, config, "--router-config", str(rc))
     assert proc.returncode == 2, proc.tail()
     err = proc.stderr()
-    assert f"{rc}: document 1: auth.issuer: JWT authentication (auth) is not supported yet" in err, err
+    assert f"{rc}: document 1: auth.algorithms[0]: must be one of" in err and "HMAC" in err, err

@@ -22,7 +22,7 @@ def _lines(upstream: bytes) -> list[str]:
 
 def test_request_headers_drop_hop_by_hop_and_connection_named() -> None:
     h = RequestHeaders([(b"Connection", b"keep-alive, X-Secret-Hop"), (b"x-secret-hop", b"1"),
-                        (b"keep-alive", b"timeout=5"), (b"TE", b"trailers"), (b"authorization", b"Bearer k"),
+                        (b"keep-alive", b"timeout=5"), (b"TE", b"trailers"), (b"authorization", b"Bearer k"), (b"X-Api-Key", b"sk"),
                         (b"accept-encoding", b"gzip, br"), (b"x-kept", b"yes"), (b"host", b"router"),
                         (b"content-length", b"10")])
     lines = _lines(h.upstream)
@@ -121,3 +121,13 @@ def test_access_log_buffers_and_flushes(tmp_path: Path) -> None:
     rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
     assert [r["request_id"] for r in rows] == ["r0", "r1", "r2"]
     assert rows[0]["status"] == 200 and rows[0]["ts"] > 0
+
+
+def test_request_headers_refusal_in_the_same_pass() -> None:
+    ok = RequestHeaders([(b"content-type", b"application/json"), (b"content-encoding", b"identity")])
+    assert ok.refusal is None
+    gz = RequestHeaders([(b"content-encoding", b"identity"), (b"content-encoding", b"gzip")])
+    assert gz.refusal is not None and gz.refusal.status == 415 and "gzip" in gz.refusal.message
+    two = RequestHeaders([(b"content-type", b"application/json"), (b"content-type", b"text/plain")])
+    assert two.refusal is not None and two.refusal.status == 400
+    assert b"content-encoding: identity\r\n" in ok.upstream

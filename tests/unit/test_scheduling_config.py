@@ -10,7 +10,6 @@ import pytest
 from kthena_router.config.errors import ConfigError
 from kthena_router.session.config import StickySettings
 from kthena_router.scheduling.config import (
-    AuthConfig,
     DEFAULT_SCORES,
     KvCacheAwareArgs,
     LeastLatencyArgs,
@@ -179,9 +178,11 @@ def test_defaults(tmp_path):
     ("scheduler: [1]\n", "scheduler", "mapping"),
     ("auth: {audiences: [1]}\n", "auth.audiences[0]", "string"),
     ("sessionSticky: memory\n", "sessionSticky", "mapping"),
-    ("auth: {issuer: https://issuer.example}\n", "auth.issuer", "is not supported yet"),
-    ("auth: {audiences: [kthena]}\n", "auth.audiences", "is not supported yet"),
-    ("auth: {jwksUri: https://issuer.example/jwks}\n", "auth.jwksUri", "is not supported yet"),
+    ("auth: {issuer: https://issuer.example}\n", "auth", "no credential source"),
+    ("auth: {audiences: [kthena]}\n", "auth", "no credential source"),
+    ("auth: {jwksUri: ftp://issuer.example/jwks}\n", "auth.jwksUri", "http(s) URL"),
+    ("auth: {jwksUri: https://i.example/jwks, algorithms: [HS256]}\n", "auth.algorithms[0]", "HMAC"),
+    ("auth: {apiKeysFile: absent.yaml}\n", "auth.apiKeysFile", "cannot read file"),
     ("sessionSticky: {backend: redis}\n", "sessionSticky.redis", "required with backend: redis"),
     ("sessionSticky: {backend: etcd}\n", "sessionSticky.backend", "must be one of memory, redis"),
 ])
@@ -265,16 +266,18 @@ def test_model_is_frozen(tmp_path):
         cfg.scheduler.args["x"] = None  # type: ignore[index]
 
 
-def test_configured_auth_is_refused_naming_the_field(tmp_path):
-    err = error("auth: {issuer: https://issuer.example, audiences: [kthena], jwksUri: https://i.example/jwks}\n",
-                tmp_path)
-    assert len(err.problems) == 1 and err.field == "auth.issuer"
-    assert err.message.startswith("JWT authentication (auth) is not supported yet")
+def test_kthena_auth_section_loads_and_is_enforced(tmp_path):
+    cfg = load("auth: {issuer: https://issuer.example, audiences: [kthena], jwksUri: https://i.example/jwks}\n",
+               tmp_path)
+    assert cfg.auth is not None and cfg.auth.jwt
+    assert (cfg.auth.issuer, cfg.auth.audiences, cfg.auth.jwks_uri) == \
+        ("https://issuer.example", ("kthena",), "https://i.example/jwks")
+    assert cfg.auth.algorithms == ("RS256", "ES256", "EdDSA") and cfg.auth.user_claim == "sub"
 
 
 def test_empty_auth_placeholder_and_memory_store_load(tmp_path):
     for text in ("auth: {}\n", "auth: {issuer: '', audiences: [], jwksUri: ''}\n",
                  "sessionSticky: {}\n", "sessionSticky: {backend: memory}\n"):
         cfg = load(text, tmp_path)
-        assert cfg.auth is None or cfg.auth == AuthConfig()
+        assert cfg.auth is None
         assert cfg.session_sticky is None or cfg.session_sticky == StickySettings()
