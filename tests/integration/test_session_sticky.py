@@ -7,11 +7,15 @@ visits every engine: the control requests below show it.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import auth_harness as ah
+import jwt_keys as jk
+import openai
 import pytest
 import redis
 import redis_harness
@@ -212,3 +216,39 @@ def test_redis_down_requests_succeed_and_affinity_returns_with_it(engines: harne
     finally:
         router.stop()
         r.stop()
+
+
+def test_jwt_claim_source_keys_on_the_verified_token(engines: harness.Simulator, tmp_path: Path) -> None:
+    """sources: [JWTClaim conv]: tokens of one conversation (signed apart, other users) share
+    an engine; without JWT claims (an API-key identity) the source is empty: no key."""
+    key = jk.new_key("rsa-sticky")
+    (tmp_path / "jwks.json").write_text(json.dumps(jk.jwks(key)))
+    ah.write_keys_file(tmp_path / "keys.yaml", {"sk-plain": ah.api_key("plain", tenant="acme")})
+    rc = ah.write_router_config(tmp_path / "router.yaml", ah.auth_section(
+        tmp_path / "keys.yaml", issuer="https://idp.test", audiences=["kthena-router"],
+        jwksFile=str(tmp_path / "jwks.json")))
+    rc.write_text(rc.read_text() + ROUND_ROBIN)
+    route = harness.route_doc("demo", "demo", "demo")
+    route["spec"]["sessionSticky"] = {"sources": [{"type": "JWTClaim", "name": "conv"}]}
+    labels = {"app": "demo"}
+    config = harness.write_config(tmp_path / "routes.yaml", [route, harness.server_doc("demo", "demo", labels),
+                                                             harness.endpoints_doc("e", engines.ports, labels)])
+    router = harness.start_router(config, tmp_path, workers=2, extra_args=["--router-config", str(rc)])
+    try:
+        def chat(token: str) -> None:
+            sdk = openai.OpenAI(base_url=router.openai_url, api_key=token, max_retries=0, timeout=60,
+                                default_headers={"connection": "close"})
+            assert sdk.chat.completions.create(model="demo", max_tokens=2,
+                                               messages=[{"role": "user", "content": "hi"}]).choices
+
+        for conv in ("c-1", "c-2"):
+            seen = {served_by(engines, lambda i=i: chat(key.sign(jk.claims(f"user-{i}", conv=conv))))
+                    for i in range(6)}
+            assert len(seen) == 1, (conv, seen)
+        no_claim = {served_by(engines, lambda: chat("sk-plain")) for _ in range(6)}
+        assert len(no_claim) > 1
+        fams = harness.parse_metrics(router.metrics_text())
+        assert harness.metric_value(fams, STICKY, result="hit") == 10
+        assert harness.metric_value(fams, STICKY, result="no_key") == 6
+    finally:
+        router.stop()
