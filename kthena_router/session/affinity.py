@@ -72,6 +72,7 @@ class SessionAffinity:
 
     def _build(self, cfg: StickySettings) -> Store:
         if cfg.backend == "redis" and cfg.redis is not None:
+            log.info("session stickiness: redis store at %s (db %d)", cfg.redis.address, cfg.redis.db)
             store = RedisStore(cfg.redis)
             store.on_error = self.metrics.session_store_error
             return store
