@@ -50,6 +50,7 @@ from kthena_router.ratelimit.limiter import Limiter
 from kthena_router.ratelimit.metrics import RateLimitMetrics
 from kthena_router.router_config_reload import RouterConfigHolder, RouterConfigReloader
 from kthena_router.scheduling.config import load_router_configuration_bytes, load_router_configuration_file
+from kthena_router.session import SessionAffinity
 from kthena_router.settings import RouterSettings
 from kthena_router.state import RouterState, StateHolder
 
@@ -138,7 +139,10 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     prober = HealthProber(lambda: pool.session, all_targets, settings.health_probe_interval_s,
                           settings.health_probe_timeout_s)
     access_log = AccessLog(settings.access_log, settings.access_log_flush_s) if settings.access_log else None
-    forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober, access_log=access_log)
+    rc_holder = router_config
+    sticky = SessionAffinity(settings.runtime_dir, metrics,
+                             lambda: rc.session_sticky if (rc := rc_holder.current) is not None else None)
+    forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober, access_log=access_log, sticky=sticky)
     limiter = forwarder.limiter = Limiter(RateLimitMetrics(metrics.registry), lambda: (
         rc.rate_limits if (rc := router_config.current) is not None else None), settings.workers)
     identity = IdentityService(settings, metrics.registry, lambda auth: setattr(forwarder, "auth", auth))
@@ -233,6 +237,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                     await task
             await pool.close()
             await limiter.close()  # leases back to Redis
+            await sticky.close()
             if access_log is not None:
                 await access_log.close()
 

@@ -244,3 +244,27 @@ class RouterMetrics:
                 "1 if the router's KV-event subscription to the endpoint is up (kvcache-aware)",
                 ["endpoint"], multiprocess_mode="livemin", registry=self.registry)
         self._child(gauge, (endpoint,)).set(1 if up else 0)
+
+    # --- session stickiness (kthena_router.session), created on first use
+    def session_sticky(self, route: str, result: str) -> None:
+        """kthena_router_session_sticky_total{model_route,result}: requests of routes with
+        sessionSticky, by outcome: hit (served by the pinned endpoint), miss (a new key,
+        pinned now), moved (the pinned endpoint was not a usable candidate: pinned anew),
+        no_key (no source gave a key), unavailable (the store failed: scheduled without)."""
+        family = self.__dict__.get("sticky")
+        if family is None:
+            family = self.sticky = Counter(
+                "kthena_router_session_sticky_total",
+                "Requests of sessionSticky routes by outcome (hit, miss, moved, no_key, unavailable)",
+                ["model_route", "result"], registry=self.registry)
+        self._child(family, (route, result)).inc()
+
+    def session_store_error(self, backend: str, op: str) -> None:
+        """kthena_router_session_sticky_store_errors_total{backend,op}: failed store calls."""
+        family = self.__dict__.get("sticky_store_errors")
+        if family is None:
+            family = self.sticky_store_errors = Counter(
+                "kthena_router_session_sticky_store_errors_total",
+                "Session-affinity store calls that failed (the request was scheduled without affinity)",
+                ["backend", "op"], registry=self.registry)
+        self._child(family, (backend, op)).inc()

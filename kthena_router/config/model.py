@@ -13,6 +13,7 @@ from typing import Any
 
 DEFAULT_NAMESPACE = "default"
 DEFAULT_PORT = 8000  # vLLM's default; used when a ModelServer has no workloadPort
+DEFAULT_SESSION_AFFINITY_SECONDS = 10800  # Kthena's, when sessionAffinitySeconds is unset
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,20 @@ class RateLimit:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionKeySource:
+    type: str  # Header | Query | Cookie | JWTClaim
+    name: str  # header names lower-case; query keys, cookie and claim names as written
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSticky:
+    """Kthena's ModelRoute.spec.sessionSticky (proposal): the first non-empty source is the key."""
+
+    sources: tuple[SessionKeySource, ...]
+    affinity_seconds: int = DEFAULT_SESSION_AFFINITY_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
 class ModelRoute:
     namespace: str
     name: str
@@ -78,6 +93,7 @@ class ModelRoute:
     creation_timestamp: datetime | None
     order: int  # position among all objects of the source, for conflict resolution
     parent_refs: tuple[dict[str, Any], ...] = ()  # no effect: file mode has one listener for every route
+    session_sticky: SessionSticky | None = None  # enforced by kthena_router.session
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from .checks import (
     type_name,
 )
 from .metadata import ObjectMeta
-from .model import ModelRoute, RateLimit, RouteRule, StringMatch, TargetModel
+from .model import DEFAULT_SESSION_AFFINITY_SECONDS, ModelRoute, RateLimit, RouteRule, SessionKeySource, SessionSticky, StringMatch, TargetModel
 
 __all__ = ["MAX_LORA_ADAPTERS", "MAX_RULES", "MAX_TARGETS", "parse_model_route"]
 
@@ -25,7 +25,8 @@ MAX_LORA_ADAPTERS = 10
 MAX_RULES = 16
 MAX_TARGETS = 16
 _RATE_UNITS = ("second", "minute", "hour", "day", "month")
-# sessionSticky: Kthena's route-level session affinity (proposal), refused until enforced.
+MAX_SESSION_SOURCES = 16  # Kthena's proposal
+SESSION_SOURCE_TYPES = ("Header", "Query", "Cookie", "JWTClaim")
 _SPEC_FIELDS = ("modelName", "loraAdapters", "parentRefs", "rules", "rateLimit", "sessionSticky")
 
 
@@ -61,8 +62,7 @@ def parse_model_route(c: Ctx, meta: ObjectMeta, v: Any, order: int) -> ModelRout
             if rule is not None:
                 rules.append(rule)
     rate_limit = _rate_limit(c, spec.get("rateLimit"), "spec.rateLimit")  # enforced by kthena_router.ratelimit
-    if spec.get("sessionSticky") is not None:
-        refuse(c, "spec.sessionSticky", "route-level session affinity (sessionSticky)")
+    sticky = _session_sticky(c, spec.get("sessionSticky"), "spec.sessionSticky")
     if len(c.problems) > before:
         return None
     return ModelRoute(
@@ -75,6 +75,7 @@ def parse_model_route(c: Ctx, meta: ObjectMeta, v: Any, order: int) -> ModelRout
         creation_timestamp=meta.creation_timestamp,
         order=order,
         parent_refs=parent_refs,
+        session_sticky=sticky,
     )
 
 
@@ -180,3 +181,35 @@ def _rate_limit(c: Ctx, v: Any, path: str) -> RateLimit | None:
                     redis_addr = None
     return RateLimit(unit=unit or "second", input_tokens_per_unit=inp, output_tokens_per_unit=out,
                      global_redis_address=redis_addr)
+
+
+def _session_sticky(c: Ctx, v: Any, path: str) -> SessionSticky | None:
+    """Kthena's proposal: absent or null = off; present = on, with 1..16 sources."""
+    if v is None:
+        return None
+    m = check_mapping(c, v, path, ("sources", "sessionAffinitySeconds"))
+    if m is None:
+        return None
+    ttl = check_int(c, m.get("sessionAffinitySeconds"), join_path(path, "sessionAffinitySeconds"), 1, 2**31 - 1)
+    sp = join_path(path, "sources")
+    raw = check_list(c, m.get("sources"), sp)
+    if not raw:
+        if isinstance(m.get("sources"), list) or m.get("sources") is None:
+            c.err(sp, "at least one source is required (type Header, Query, Cookie or JWTClaim, and a name)")
+        return None
+    if len(raw) > MAX_SESSION_SOURCES:
+        c.err(sp, f"at most {MAX_SESSION_SOURCES} sources, got {len(raw)}")
+    sources: list[SessionKeySource] = []
+    for i, item in enumerate(raw):
+        ip = f"{sp}[{i}]"
+        im = check_mapping(c, item, ip, ("type", "name"), required=("type", "name"))
+        if im is None:
+            continue
+        kind = check_enum(c, im.get("type"), join_path(ip, "type"), SESSION_SOURCE_TYPES)
+        name = check_str(c, im.get("name"), join_path(ip, "name"))
+        if kind is not None and name is not None:
+            # header names are case-insensitive (the request's are lower-cased); the others are exact
+            sources.append(SessionKeySource(kind, name.lower() if kind == "Header" else name))
+    if len(sources) != len(raw) or (m.get("sessionAffinitySeconds") is not None and ttl is None):
+        return None
+    return SessionSticky(tuple(sources), ttl if ttl is not None else DEFAULT_SESSION_AFFINITY_SECONDS)

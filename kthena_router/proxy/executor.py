@@ -34,6 +34,7 @@ from kthena_router.proxy.upstream import BodyTooLarge, H1Conn, PoolExhausted, Re
     UpstreamError, UpstreamPool, UpstreamTimeout
 from kthena_router.routing.table import RouteMatch
 from kthena_router.scheduling.request import RequestInfo
+from kthena_router.session import prefer_first
 from kthena_router.settings import RouterSettings
 
 
@@ -56,13 +57,15 @@ class Executor:
 
     async def run(self, x: Exchange, match: RouteMatch, targets: tuple[EndpointState, ...],
                   info: RequestInfo | None, head: bytes, tail: bytes, payload: bytes,
-                  traffic: ServerTraffic, pinned: EndpointState | None = None) -> None:
+                  traffic: ServerTraffic, pinned: EndpointState | None = None,
+                  preferred: EndpointState | None = None) -> None:
         """Deliver a response to the client, or raise RequestError (nothing sent yet).
 
         `head` is the request line, `tail` the headers after Host (CRLF-terminated, with
         the final empty line), `payload` the body; `traffic` the server's resolved settings.
         `pinned`: only this endpoint may answer (it holds the stored response the request
-        refers to); the balancer is bypassed."""
+        refers to); the balancer is bypassed. `preferred`: tried first while it is one of the
+        balancer's candidates (session stickiness)."""
         server = match.server
         balancer = self.balancer
         loop = asyncio.get_running_loop()
@@ -76,6 +79,8 @@ class Executor:
             if info is not None:
                 await balancer.prepare(info)
             candidates = balancer.candidates(server.key, targets, info)
+            if preferred is not None:
+                candidates = prefer_first(candidates, preferred)
         if not candidates:
             self.prober.probe_soon(targets)
             raise RequestError(503, f"no healthy endpoint for model `{x.model_label}`")

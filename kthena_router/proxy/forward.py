@@ -46,6 +46,7 @@ from kthena_router.proxy.upstream import Response, UpstreamPool
 from kthena_router.ratelimit.limiter import Limiter
 from kthena_router.routing.table import RouteMatch, RouteNotFound
 from kthena_router.scheduling.request import RequestInfo
+from kthena_router.session import Pin, SessionAffinity
 from kthena_router.settings import RouterSettings
 from kthena_router.state import StateHolder
 
@@ -99,7 +100,8 @@ class Forwarder:
 
     def __init__(self, settings: RouterSettings, holder: StateHolder, pool: UpstreamPool,
                  balancer: Balancer, metrics: RouterMetrics, prober: HealthProber,
-                 executor: Executor | None = None, access_log: AccessLog | None = None) -> None:
+                 executor: Executor | None = None, access_log: AccessLog | None = None,
+                 sticky: SessionAffinity | None = None) -> None:
         self.settings = settings
         self.response_ids = ResponseIds(settings.response_id_cache_size)
         self.access_log = access_log
@@ -108,6 +110,7 @@ class Forwarder:
         self.executor = executor or Executor(settings, pool, balancer, metrics, prober)
         self.needs_info = balancer.needs_request_info
         self.limiter: Limiter | None = None  # token rate limits (app.py sets it)
+        self.sticky = sticky or SessionAffinity(settings.runtime_dir, metrics, lambda: None)
         self.auth: Authenticator | None = None  # set by the identity service when auth is configured
         self.fairness: FairnessGate | None = None  # set while the router configuration enables fair queuing
         # Weighted route splits; per worker. A fixed seed makes a 1-worker run reproducible.
@@ -154,7 +157,8 @@ class Forwarder:
 class _Request(Exchange):
     """State of one request; methods are the steps of Forwarder's hot path."""
 
-    __slots__ = ("fw", "scope", "fwd_headers", "header_map", "response_headers", "watch", "api", "identity")
+    __slots__ = ("fw", "scope", "fwd_headers", "header_map", "response_headers", "watch", "api", "identity",
+                 "pin")
 
     def __init__(self, fw: Forwarder, scope: Scope, t0: float, send: Send) -> None:
         path: str = scope["path"]
@@ -168,6 +172,7 @@ class _Request(Exchange):
         self.watch: _Disconnect | None = None
         self.api: ApiPath | None = None
         self.identity: Identity = ANONYMOUS
+        self.pin: Pin | None = None  # session stickiness (kthena_router.session)
 
     # --- entry ----------------------------------------------------------------------
 
@@ -207,6 +212,10 @@ class _Request(Exchange):
                     raise RequestError(404, exc.message, param="model") from None
                 targets = state.targets.get(match.server.key, ())
                 pinned = self._pinned(api, body, targets)
+                if pinned is None and match.route.session_sticky is not None:
+                    self.pin = await self.fw.sticky.lookup(
+                        match.route, self.header_map, raw_headers, self.scope.get("query_string", b""),
+                        self.identity.claims, targets)
                 self.model_label = body.model
                 limiter = self.fw.limiter
                 if limiter is not None and (plan := limiter.plan(match.route, self.identity)) is not None:
@@ -314,19 +323,22 @@ class _Request(Exchange):
         # request line and headers except Host (per endpoint), then the body's length
         head = request_line(self.scope["method"], self.path, self.scope.get("query_string", b""))
         tail = headers + b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n"
+        preferred = None if self.pin is None else self.pin.preferred
         gate = fw.fairness
         if gate is None or isinstance(body, _ById):
-            await fw.executor.run(self, match, targets, info, head, tail, payload, traffic, pinned)
+            await fw.executor.run(self, match, targets, info, head, tail, payload, traffic, pinned, preferred)
             return
         ident = self.identity
         slot = await gate.acquire(server.key, self.server_label, self.route_label, targets,
                                   ident.tenant or ident.user, ident.priority, len(payload))
         try:
-            await fw.executor.run(self, match, targets, info, head, tail, payload, traffic, pinned)
+            await fw.executor.run(self, match, targets, info, head, tail, payload, traffic, pinned, preferred)
         finally:
             gate.release(slot, self.att_prompt_tokens, self.completion_tokens)
 
     def start_headers(self, resp: Response, body_len: int | None) -> list[tuple[bytes, bytes]]:
+        if self.pin is not None and resp.status < 400:  # the endpoint that answers, after any retry
+            self.fw.sticky.record(self.pin, self.endpoint_label)
         out = response_headers(resp.raw_headers)
         if body_len is not None:
             out.append((b"content-length", str(body_len).encode()))

@@ -3,7 +3,7 @@
 Accepted shapes (both load unchanged):
   * the plain YAML Kthena's router reads (the ConfigMap key mounted as a file):
     ``scheduler: {pluginConfig: [...], plugins: {Filter: ..., Score: ...}}``, ``auth``,
-    ``sessionSticky``;
+    ``sessionSticky`` (kthena_router/session/config.py: backend memory or redis);
   * the ConfigMap manifest itself (``kind: ConfigMap``, YAML under ``data.routerConfiguration``,
     as Kthena's Helm chart ships it); other documents of a multi-document file are skipped.
 
@@ -14,7 +14,6 @@ broken pipeline; we name the file, document and field instead):
   * ``session-affinity`` and ``cost-aware`` are refused when enabled (not implemented yet);
   * ``auth`` (Kthena's issuer, audiences, jwksUri, and ours) is parsed and enforced by
     kthena_router/identity (an empty placeholder loads and leaves auth off);
-    ``sessionSticky`` only with ``backend: memory``;
   * a Score entry without ``weight`` gets weight 1 (Kthena: 0, i.e. the plugin does nothing);
   * non-positive integer arguments fall back to the default with a warning (as Kthena, which
     is silent); unknown argument keys and unknown fields are errors (Kthena ignores them; a
@@ -42,6 +41,7 @@ from ..identity.config import AuthConfig, parse_auth
 # Same YAML and value rules as the route config (helpers take any collector with .err()).
 from ..config.checks import check_list as _list, type_name as _type_name
 from ..config.yaml_source import StrictLoader as _StrictLoader, decode_config_text, yaml_problem as _yaml_problem
+from ..session.config import StickySettings, parse_session_sticky
 from .plugins import FILTER_PLUGINS, PLUGINS, REFUSED_PLUGINS, SCORE_PLUGINS, ArgSpec, arg_default, args_class
 
 __all__ = [
@@ -141,9 +141,8 @@ class SchedulerSettings:
 class RouterConfiguration:
     scheduler: SchedulerSettings
     auth: AuthConfig | None
-    # Kthena's sessionSticky: only selects the store of route-level session affinity
-    # (refused in ModelRoute), so the in-memory store is accepted and nothing else.
-    session_sticky: Mapping[str, Any] | None
+    # Kthena's sessionSticky: the store of route-level session affinity (kthena_router.session)
+    session_sticky: StickySettings | None
     source: str
     digest: str  # sha256 hex of the file bytes
     warnings: tuple[str, ...]
@@ -390,24 +389,6 @@ def _plugins(c: _Ctx, v: Any) -> tuple[tuple[str, ...], tuple[ScorePlugin, ...],
     return tuple(filters), tuple(scores), f_dis, tuple(s_dis)
 
 
-_STICKY_BACKENDS = ("memory",)
-
-
-def _session_sticky(c: _Ctx, v: Any) -> Mapping[str, Any] | None:
-    if v is None:
-        return None
-    if not isinstance(v, dict):
-        c.err("sessionSticky", f"must be a mapping, got {_type_name(v)}")
-        return None
-    for k in v:
-        if k != "backend":
-            c.err(f"sessionSticky.{k}", "is not supported yet (only sessionSticky.backend: memory is); "
-                  "remove this field (the router refuses settings it would ignore)")
-    backend = v.get("backend", "memory")
-    if backend not in _STICKY_BACKENDS:
-        c.err("sessionSticky.backend", f"only the in-memory store is supported yet, got {backend!r}; "
-              "use backend: memory")
-    return MappingProxyType({"backend": backend})
 
 
 def router_configuration_from_object(
@@ -426,7 +407,7 @@ def router_configuration_from_object(
         scheduler = _scheduler(c, m.get("scheduler"))
         traffic = parse_traffic(c, m.get("traffic"))
         auth = parse_auth(c, m.get("auth"), c.base_dir)
-        sticky = _session_sticky(c, m.get("sessionSticky"))
+        sticky = parse_session_sticky(c, m.get("sessionSticky"))
         rate_limits = parse_rate_limits(c, m.get("rateLimits"))
         fairness = parse_fairness(c, m.get("fairness"))
     if c.problems or scheduler is None:

@@ -15,8 +15,6 @@ SERVER_DOC = "document 2 (ModelServer default/s)"
 PD = {"groupKey": "group", "prefillLabels": {"role": "prefill"}, "decodeLabels": {"role": "decode"}}
 
 REFUSED = [
-    ("route", "sessionSticky", {"sources": [{"type": "Header", "name": "x-session"}]}, "spec.sessionSticky",
-     "route-level session affinity"),
     ("server", "kvConnector", {"type": "nixl"}, "spec.kvConnector", "KV transfer"),
     ("server", "kvConnector", {}, "spec.kvConnector", "KV transfer"),
     ("server", "pdGroup", PD, "spec.workloadSelector.pdGroup", "prefill/decode disaggregation"),

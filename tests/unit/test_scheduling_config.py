@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kthena_router.config.errors import ConfigError
+from kthena_router.session.config import StickySettings
 from kthena_router.scheduling.config import (
     DEFAULT_SCORES,
     KvCacheAwareArgs,
@@ -115,7 +116,7 @@ def test_kthena_configmap_manifest_loads_the_same(tmp_path):
     plain = load(KTHENA_TESTDATA, tmp_path, "plain.yaml")
     cm = load(KTHENA_CONFIGMAP, tmp_path, "cm.yaml")
     assert cm.scheduler == plain.scheduler
-    assert dict(cm.session_sticky) == {"backend": "memory"}
+    assert cm.session_sticky == StickySettings(backend="memory")
 
 
 def test_configmap_among_other_documents(tmp_path):
@@ -182,8 +183,8 @@ def test_defaults(tmp_path):
     ("auth: {jwksUri: ftp://issuer.example/jwks}\n", "auth.jwksUri", "http(s) URL"),
     ("auth: {jwksUri: https://i.example/jwks, algorithms: [HS256]}\n", "auth.algorithms[0]", "HMAC"),
     ("auth: {apiKeysFile: absent.yaml}\n", "auth.apiKeysFile", "cannot read file"),
-    ("sessionSticky: {backend: redis, redis: {address: r:6379}}\n", "sessionSticky.redis", "is not supported yet"),
-    ("sessionSticky: {backend: redis}\n", "sessionSticky.backend", "only the in-memory store"),
+    ("sessionSticky: {backend: redis}\n", "sessionSticky.redis", "required with backend: redis"),
+    ("sessionSticky: {backend: etcd}\n", "sessionSticky.backend", "must be one of memory, redis"),
 ])
 def test_errors_name_file_document_and_field(tmp_path, text, field, words):
     err = error(text, tmp_path)
@@ -279,4 +280,4 @@ def test_empty_auth_placeholder_and_memory_store_load(tmp_path):
                  "sessionSticky: {}\n", "sessionSticky: {backend: memory}\n"):
         cfg = load(text, tmp_path)
         assert cfg.auth is None
-        assert cfg.session_sticky is None or dict(cfg.session_sticky) == {"backend": "memory"}
+        assert cfg.session_sticky is None or cfg.session_sticky == StickySettings()
