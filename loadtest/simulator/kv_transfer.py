@@ -17,13 +17,11 @@ GPU as on HGX H200 nodes (RDMA-class; NIXL and Mooncake move KV over it).
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from .cost_model import DEFAULT_CALIBRATION
 
-log = logging.getLogger("loadtest.simulator")
 
 ROLES = ("both", "prefill", "decode")
 DEFAULT_BANDWIDTH_GBPS = 400.0
