@@ -22,6 +22,9 @@ from aiohttp import web
 from .admin import make_admin_app
 from .fast_engine import FastEngine
 from .faults import FaultError, parse_fault_spec
+from .kv_transfer import (DEFAULT_BANDWIDTH_GBPS, ROLES, SGLANG_WAITING_TIMEOUT_S, PdSettings,
+                          TransferModel, kv_bytes_per_token)
+from .pd import PdEngine
 from .server import EngineServer, ServerConfig
 from .tokenizer import load_codec
 
@@ -62,6 +65,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-events-hash-seed", default="0", help="vLLM's PYTHONHASHSEED for block hashes")
     p.add_argument("--kv-events-encoding", choices=("map", "array"), default="map",
                    help="event encoding: tagged maps (current vLLM) or tagged arrays (older vLLM)")
+    pd = p.add_argument_group("prefill/decode disaggregation (docs/pd-simulator.md)")
+    pd.add_argument("--roles", default=None,
+                    help="comma-separated, one per engine: both (aggregated, default), prefill "
+                         "or decode (a KV connector: vLLM NIXL kv_transfer_params, SGLang "
+                         "bootstrap rooms)")
+    pd.add_argument("--kv-ports", default=None,
+                    help="comma-separated, one per engine: the NIXL side channel (vLLM, "
+                         "prefill and decode) or bootstrap server (SGLang prefill) port; "
+                         "0 = any free port (default; real engines use 5600 and 8998)")
+    pd.add_argument("--kv-bandwidth-gbps", type=float, default=DEFAULT_BANDWIDTH_GBPS,
+                    help="KV transfer link rate, Gb/s (default 400: one NDR/CX-7 port per GPU)")
+    pd.add_argument("--kv-hold-timeout-s", type=float, default=None,
+                    help="prefill KV kept for its decode at most this long (simulated s); "
+                         "default vLLM 480 (VLLM_NIXL_ABORT_REQUEST_TIMEOUT), SGLang 300 "
+                         "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)")
+    pd.add_argument("--kv-wait-timeout-s", type=float, default=SGLANG_WAITING_TIMEOUT_S,
+                    help="a decode waits for its KV at most this long (simulated s; "
+                         "SGLANG_DISAGGREGATION_WAITING_TIMEOUT, 300)")
+    pd.add_argument("--kv-load-failure-policy", choices=("fail", "recompute"), default="fail",
+                    help="vLLM's kv_load_failure_policy: fail the request (default) or "
+                         "prefill the prompt locally")
     p.add_argument("--log-level", default="warning")
     a = p.parse_args(argv)
     if a.engines < 1 or a.dp_ranks < 1:
@@ -75,6 +99,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error("--ports must be comma-separated integers")
         if len(a.port_list) != a.engines:
             p.error(f"--ports lists {len(a.port_list)} ports for {a.engines} engines")
+    a.role_list = _per_engine(p, a.roles, "--roles", a.engines, "both", str)
+    a.kv_port_list = _per_engine(p, a.kv_ports, "--kv-ports", a.engines, 0, int)
+    if any(r not in ROLES for r in a.role_list):
+        p.error(f"--roles: each must be one of {', '.join(ROLES)}")
+    if a.kv_bandwidth_gbps <= 0 or a.kv_wait_timeout_s <= 0 or (
+            a.kv_hold_timeout_s is not None and a.kv_hold_timeout_s <= 0):
+        p.error("--kv-bandwidth-gbps and the --kv-*-timeout-s must be > 0")
+    if a.kv_load_failure_policy == "recompute" and a.flavour == "sglang":
+        p.error("--kv-load-failure-policy recompute is vLLM's; SGLang fails the request")
     if len(a.lora) > a.max_loras:
         p.error(f"{len(a.lora)} --lora adapters exceed --max-loras {a.max_loras}")
     try:
@@ -82,6 +115,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except (orjson.JSONDecodeError, FaultError) as e:
         p.error(f"--faults: {e}")
     return a
+
+
+def _per_engine(p: argparse.ArgumentParser, raw: str | None, flag: str, n: int, default: Any,
+                conv: Any) -> list[Any]:
+    if raw is None:
+        return [default] * n
+    try:
+        vals = [conv(x.strip()) for x in raw.split(",")]
+    except ValueError:
+        p.error(f"{flag} must be a comma-separated list")
+    if len(vals) != n:
+        p.error(f"{flag} lists {len(vals)} values for {n} engines")
+    return vals
+
+
+def make_pd(a: argparse.Namespace, index: int) -> PdEngine | None:
+    role = a.role_list[index]
+    if role == "both":
+        return None
+    transfer = TransferModel(kv_bytes_per_token(a.calibration), a.kv_bandwidth_gbps, a.block_size)
+    return PdEngine(PdSettings(
+        role=role, flavour=a.flavour, host=a.host, side_port=a.kv_port_list[index],
+        transfer=transfer, hold_timeout_s=a.kv_hold_timeout_s, wait_timeout_s=a.kv_wait_timeout_s,
+        load_failure_policy=a.kv_load_failure_policy, time_scale=a.time_scale), index)
 
 
 def make_engines(a: argparse.Namespace, index: int, codec) -> list[Any]:
@@ -113,7 +170,8 @@ async def run(a: argparse.Namespace) -> None:
                            max_num_seqs=a.max_num_seqs,
                            max_num_batched_tokens=a.max_num_batched_tokens, seed=a.seed,
                            fast=a.fast)
-        servers.append(EngineServer(cfg, make_engines(a, i, codec), codec, a.fault_list[i]))
+        servers.append(EngineServer(cfg, make_engines(a, i, codec), codec, a.fault_list[i],
+                                    make_pd(a, i)))
     publishers: list[list[Any]] = [[] for _ in servers]
     admin = web.AppRunner(make_admin_app(servers, publishers), access_log=None)
     stop = asyncio.Event()
@@ -132,7 +190,8 @@ async def run(a: argparse.Namespace) -> None:
         await site.start()
         admin_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         ready: dict[str, Any] = {"ready": True, "ports": [s.cfg.port for s in servers],
-                                 "admin_port": admin_port}
+                                 "admin_port": admin_port,
+                                 "kv_ports": [s.pd.port if s.pd else None for s in servers]}
         if a.kv_events_port_base is not None:
             ready["kv_events"] = [[[p.pub_address, p.replay_address] for p in ps] for ps in publishers]
         print(orjson.dumps(ready).decode(), flush=True)

@@ -28,7 +28,7 @@ class RequestLog:
         entry = {
             "request_id": request_id, "path": path, "model": None, "stream": False,
             "status": "running", "tokens_out": 0, "http_status": None, "fault": None,
-            "headers": headers, "tcp_nodelay": None,
+            "headers": headers, "tcp_nodelay": None, "pd": None,
         }
         self.received += 1
         self.counts["running"] += 1

@@ -64,6 +64,8 @@ def make_admin_app(servers: list[EngineServer], publishers: list[list[Any]] | No
         ts = targets(request)
         for s in ts:
             s.requests.reset()
+            if s.pd is not None:
+                s.pd.reset_counters()
         return answer(request, [s.requests.to_json() for s in ts])
 
     async def state(request: web.Request) -> web.Response:

@@ -71,6 +71,8 @@ class GenRequest:
     prompt_tokens: list[int]
     max_tokens: int
     lora: str | None = None
+    hold_kv: bool = False  # PD prefill: keep the KV after finishing until release_kv()
+    kv_ready_tokens: int = 0  # PD decode: prompt tokens whose KV was read from a prefill
 
 
 class SeqHandle:
@@ -127,6 +129,15 @@ class SeqHandle:
     def abort(self) -> None:
         """Abort this request only (even if another one has the same id)."""
         self._engine._abort_seq(self._seq)
+
+    @property
+    def block_ids(self) -> list[int]:
+        """KV blocks the sequence holds (after a hold_kv finish: the ones kept)."""
+        return list(self._seq.blocks)
+
+    def release_kv(self) -> None:
+        """Free the blocks of a finished hold_kv request."""
+        self._engine.scheduler.release_held(self._seq)
 
     def __aiter__(self) -> AsyncIterator[int]:
         return self._tokens()
@@ -256,6 +267,8 @@ class Engine:
         seed = zlib.crc32(req.request_id.encode()) ^ (cfg.seed * 0x9E3779B97F4A7C15)
         seq = Sequence(req.request_id, req.prompt_tokens, max_out, req.lora,
                        root_hash(req.lora), seed, self.clock.now())
+        seq.hold_kv = req.hold_kv
+        seq.remote_tokens = min(req.kv_ready_tokens, prompt_len)
         self.scheduler.add(seq)
         if self._wake is not None:
             self._wake.set()

@@ -31,6 +31,8 @@ class GenRequest:
     prompt_tokens: list[int]
     max_tokens: int
     lora: str | None = None
+    hold_kv: bool = False  # PD fields, as engine.GenRequest (no KV here: bookkeeping only)
+    kv_ready_tokens: int = 0
 
 
 @dataclass
@@ -93,7 +95,7 @@ class _Acc:
 
 class FastHandle:
     __slots__ = ("request_id", "prompt_len", "cached_tokens", "finish_reason", "lora",
-                 "_engine", "_max", "_aborted")
+                 "_engine", "_max", "_aborted", "block_ids")
 
     def __init__(self, engine: FastEngine, req: GenRequest) -> None:
         self.request_id = req.request_id
@@ -104,6 +106,11 @@ class FastHandle:
         self._engine = engine
         self._max = req.max_tokens
         self._aborted = False
+        bs = getattr(engine.config, "block_size", 16)
+        self.block_ids = list(range(-(-self.prompt_len // bs)))  # no KV: ids for the PD wire
+
+    def release_kv(self) -> None:
+        pass
 
     def abort(self) -> None:
         if self.finish_reason is None:

@@ -9,6 +9,7 @@ from aiohttp import web
 
 JSON = "application/json"
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+DONE = b"data: [DONE]\n\n"
 
 
 class ApiError(Exception):

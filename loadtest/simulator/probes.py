@@ -30,7 +30,9 @@ class ProbeEndpoints:
             "chunked_prefill_size": self.cfg.max_num_batched_tokens,
             "context_length": self.cfg.max_model_len, "max_loras_per_batch": self.cfg.max_loras,
             "max_total_num_tokens": sum(s.num_gpu_blocks for s in snaps) * self.cfg.block_size,
-            "disaggregation_mode": "null", "disaggregation_bootstrap_port": 8998,
+            "disaggregation_mode": "null" if self.pd is None else self.pd.s.role,
+            "disaggregation_bootstrap_port": (self.pd.port if self.pd is not None
+                                              and self.pd.port else 8998),
             "version": "0.4.9-simulated",
             "internal_states": [{"dp_rank": i, "num_running_reqs": s.running,
                                  "num_queue_reqs": s.waiting, "token_usage": s.kv_usage}

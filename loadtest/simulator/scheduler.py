@@ -74,7 +74,7 @@ class Sequence:
         "request_id", "prompt_len", "tokens", "max_output", "lora", "root", "num_computed",
         "blocks", "block_hashes", "num_cached_blocks", "cached_tokens", "status",
         "finish_reason", "arrival", "first_token_time", "last_token_time", "token_times",
-        "rng", "waiter", "admitted", "num_preemptions",
+        "rng", "waiter", "admitted", "num_preemptions", "hold_kv", "remote_tokens",
     )
 
     def __init__(self, request_id: str, prompt: list[int], max_output: int, lora: str | None,
@@ -100,6 +100,11 @@ class Sequence:
         self.waiter = None  # asyncio.Future of a consumer waiting for tokens
         self.admitted = False
         self.num_preemptions = 0
+        # PD: keep the blocks after a "length" finish until release_held() (a prefill
+        # whose KV a decode engine will read); prompt tokens whose KV came from another
+        # engine (a decode after a remote prefill): not computed here, only allocated
+        self.hold_kv = False
+        self.remote_tokens = 0
 
     @property
     def num_generated(self) -> int:
@@ -177,6 +182,12 @@ class Scheduler:
                 del self.by_id[seq.request_id]
         self._abort_seq(seq, t)
 
+    def release_held(self, seq: Sequence) -> None:
+        """Free the blocks a finished hold_kv sequence kept (read by a decode, or expired)."""
+        if seq.status == FINISHED and seq.blocks:
+            self.kv.free(seq.blocks)
+            seq.blocks = []
+
     def abort_all(self, t: float) -> None:
         for rid in list(self.by_id):
             self.abort(rid, t)
@@ -193,7 +204,7 @@ class Scheduler:
     def _finish(self, seq: Sequence, reason: str, t: float) -> None:
         seq.status = FINISHED
         seq.finish_reason = reason
-        if seq.blocks:
+        if seq.blocks and not (seq.hold_kv and reason == "length"):
             self.kv.free(seq.blocks)
             seq.blocks = []
         st = self.stats
@@ -296,15 +307,21 @@ class Scheduler:
                 if caching:
                     hits = kv.lookup(self._hashes_upto(seq, (num_tokens - 1) // bs))
                 hit_tokens = len(hits) * bs
-                n = min(num_tokens - hit_tokens, budget)
-                need = (hit_tokens + n + bs - 1) // bs - len(hits)
+                # KV read from a prefill engine counts as computed (no compute cost here);
+                # the last prompt token is recomputed to sample, as vLLM does after a load
+                start = hit_tokens
+                if seq.remote_tokens > hit_tokens:
+                    start = min(seq.remote_tokens, num_tokens - 1)
+                n = min(num_tokens - start, budget)
+                need = (start + n + bs - 1) // bs - len(hits)
                 if need + kv.num_free_among(hits) > kv.num_free:
                     break
                 waiting.popleft()
                 kv.touch(hits)
                 seq.blocks = hits + kv.allocate(need)
                 seq.num_cached_blocks = len(hits)
-                seq.num_computed = hit_tokens
+                seq.num_computed = start
+                seq.remote_tokens = 0  # a re-admission after preemption recomputes
                 seq.status = RUNNING
                 if not seq.admitted:
                     seq.admitted = True
@@ -312,8 +329,8 @@ class Scheduler:
                     if caching:
                         self.stats.prefix_queries_total += num_tokens
                         self.stats.prefix_hits_total += hit_tokens
-                if caching and (hit_tokens + n) // bs > seq.num_cached_blocks:
-                    self._register_full_blocks(seq, hit_tokens + n)
+                if caching and (start + n) // bs > seq.num_cached_blocks:
+                    self._register_full_blocks(seq, start + n)
                 running.append(seq)
                 if loras is not None and seq.lora is not None:
                     loras.add(seq.lora)
@@ -323,7 +340,7 @@ class Scheduler:
                 nums.append(n)
                 budget -= n
                 pf_tokens += n
-                chunks.append((n, hit_tokens))
+                chunks.append((n, start))
             if skipped:
                 waiting.extendleft(reversed(skipped))
 

@@ -27,11 +27,13 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from .accounting import RequestLog
+from .fault_actions import FaultActions
 from .fast_engine import GenRequest  # same fields as engine.GenRequest (duck-typed)
 from .faults import Faults
-from .http_errors import JSON, SSE_HEADERS, ApiError, error_response, json_response, stream_flag
+from .http_errors import DONE, SSE_HEADERS, ApiError, error_response, json_response, stream_flag
 from .metrics_text import RankView, render
 from .models import ModelEndpoints
+from .pd import PdEngine, PdPlan
 from .probes import DEFAULT_MAX_TOKENS, ProbeEndpoints
 from .responses import ResponsesEndpoints, ResponseStore
 from .tokenizer import ChatTemplateError, TextCodec, render_chat
@@ -44,7 +46,6 @@ def _printable(v: str) -> str:
     admin API's JSON cannot carry."""
     return v if v.isascii() else v.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
-DONE = b"data: [DONE]\n\n"
 LONG_TEXT_CHARS = 8192
 
 
@@ -85,10 +86,11 @@ class _Gen:
     model: str
 
 
-class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints):
+class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints, FaultActions):
     def __init__(self, cfg: ServerConfig, engines: list[Any], codec: TextCodec,
-                 faults: Faults | None = None) -> None:
+                 faults: Faults | None = None, pd: PdEngine | None = None) -> None:
         self.cfg = cfg
+        self.pd = pd  # prefill/decode role (pd.py); None: aggregated, no KV connector
         self.engines = engines
         self.active = [0] * len(engines)  # in-flight requests per DP rank
         self.codec = codec
@@ -134,6 +136,8 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints):
     async def start(self) -> None:
         for eng in self.engines:
             await eng.start()
+        if self.pd is not None:
+            await self.pd.start()
         self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None,
                                      shutdown_timeout=2.0)
         await self._runner.setup()
@@ -155,6 +159,8 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints):
         await self.set_refusing(True)
         for eng in self.engines:
             await eng.stop()
+        if self.pd is not None:
+            await self.pd.stop()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -258,6 +264,8 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints):
         except (asyncio.CancelledError, ConnectionError):
             if entry["status"] in ("running", "stalled"):
                 self.requests.set_status(entry, "aborted")
+                if self.pd is not None:
+                    self.pd.aborted(entry)
             raise
         except Exception:
             entry["http_status"] = 500
@@ -291,10 +299,24 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints):
         if chat is None:
             return await self.serve_response(request, entry, body)
         gen = await self._validate(body, chat)
+        plan = self.pd.plan(body, gen, entry) if self.pd is not None else None
         entry["http_status"] = 200
-        if gen.stream:
-            return await self._stream(request, entry, gen, chat)
-        return await self._unary(request, entry, gen, chat)
+        if plan is None:
+            if gen.stream:
+                return await self._stream(request, entry, gen, chat)
+            return await self._unary(request, entry, gen, chat)
+        try:
+            resp = None
+            if plan.hop == "decode":
+                resp = await self.pd.acquire(request, plan, len(gen.prompts[0]), gen.stream)
+                if plan.answered:  # the KV load failed inside an open stream
+                    self.requests.set_status(entry, "errored")
+                    return resp
+            if gen.stream:
+                return await self._stream(request, entry, gen, chat, plan, resp)
+            return await self._unary(request, entry, gen, chat, plan)
+        finally:
+            self.pd.end(plan)
 
     async def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         # the tokenizer releases the GIL: long prompts go to a thread so that the engines'
@@ -364,23 +386,30 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints):
                        "token ids or list of token-id lists", param="prompt")
 
     def _submit(self, rid: str, prompt: list[int], max_tokens: int,
-                lora: str | None) -> tuple[int, Any]:
+                lora: str | None, plan: PdPlan | None = None) -> tuple[int, Any]:
         rank = self.pick_rank()
+        req = GenRequest(rid, prompt, max_tokens, lora)
+        if plan is not None:
+            req.hold_kv = plan.hop == "prefill"
+            req.kv_ready_tokens = plan.kv_tokens
         try:
-            handle = self.engines[rank].submit(GenRequest(rid, prompt, max_tokens, lora))
+            handle = self.engines[rank].submit(req)
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         self.active[rank] += 1
         return rank, handle
 
-    def _submit_all(self, base_id: str, gen: _Gen) -> list[tuple[str, int, Any]]:
+    def _submit_all(self, base_id: str, gen: _Gen,
+                    plan: PdPlan | None = None) -> list[tuple[str, int, Any]]:
         """Submit every prompt at once (they run concurrently, as in vLLM)."""
         subs: list[tuple[str, int, Any]] = []
         try:
             for i, prompt in enumerate(gen.prompts):
                 rid = f"{base_id}-{i}"
-                rank, handle = self._submit(rid, prompt, gen.max_tokens, gen.lora)
+                rank, handle = self._submit(rid, prompt, gen.max_tokens, gen.lora, plan)
                 subs.append((rid, rank, handle))
+                if plan is not None:  # a PD hop has one prompt
+                    plan.rid, plan.handle = rid, handle
         except BaseException:
             self._release_all(subs)
             raise
@@ -393,11 +422,12 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints):
                 self.engines[rank].abort(rid)
 
     async def _unary(self, request: web.Request, entry: dict[str, Any], gen: _Gen,
-                     chat: bool) -> web.StreamResponse:
+                     chat: bool, plan: PdPlan | None = None) -> web.StreamResponse:
         base_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         die = self.faults.die_after_tokens
         choices, prompt_tokens, completion_tokens = [], 0, 0
-        subs = self._submit_all(base_id, gen)
+        subs = self._submit_all(base_id, gen, plan)
+        kv_params = None
         try:
             for i, (_rid, _rank, handle) in enumerate(subs):
                 out: list[int] = []
@@ -424,6 +454,8 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints):
                     choices.append({"index": i, "text": text, "logprobs": None,
                                     "finish_reason": reason, "stop_reason": None,
                                     "prompt_logprobs": None})
+            if plan is not None and plan.hop == "prefill":
+                kv_params = await self.pd.finish(plan, subs[0][2])
         finally:
             self._release_all(subs)
         usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
@@ -433,12 +465,13 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints):
                                "model": gen.model, "choices": choices, "usage": usage}
         if chat:
             obj.update(service_tier=None, system_fingerprint=None, prompt_logprobs=None)
-        obj["kv_transfer_params"] = None
+        obj["kv_transfer_params"] = kv_params
         self.requests.set_status(entry, "completed")
         return json_response(obj)
 
     async def _stream(self, request: web.Request, entry: dict[str, Any], gen: _Gen,
-                      chat: bool) -> web.StreamResponse:
+                      chat: bool, plan: PdPlan | None = None,
+                      resp: web.StreamResponse | None = None) -> web.StreamResponse:
         base_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         model_json = orjson.dumps(gen.model).decode()
@@ -447,12 +480,13 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints):
                 f'{"chat.completion.chunk" if chat else "text_completion"}",'
                 f'"created":{created},"model":{model_json},"choices":[').encode()
         die = self.faults.die_after_tokens
-        subs = self._submit_all(base_id, gen)  # before the headers: a 400 is still possible
+        subs = self._submit_all(base_id, gen, plan)  # before the headers: a 400 is still possible
         codec = self.codec
         prompt_tokens = completion_tokens = 0
         try:
-            resp = web.StreamResponse(headers=SSE_HEADERS)
-            await resp.prepare(request)
+            if resp is None:
+                resp = web.StreamResponse(headers=SSE_HEADERS)
+                await resp.prepare(request)
             if die == 0:
                 return await self._die(request, entry)
             for i, (_rid, _rank, handle) in enumerate(subs):
@@ -492,6 +526,14 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints):
                                      b',"stop_reason":null}]}\n\n')
                 prompt_tokens += handle.prompt_len
                 completion_tokens += n
+            if plan is not None and plan.hop == "prefill":
+                # vLLM's stream chunks carry no kv_transfer_params: the KV is kept unnamed
+                failed = await self.pd.finish_stream(plan, subs[0][2])
+                if failed:  # SGLang: the push to the decode failed
+                    self.requests.set_status(entry, "errored")
+                    await resp.write(failed + DONE)
+                    await resp.write_eof()
+                    return resp
         finally:
             self._release_all(subs)
         tail = b""
@@ -502,37 +544,6 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints):
             tail = head + b'],"usage":' + orjson.dumps(usage) + b"}\n\n"
         await resp.write(tail + DONE)
         self.requests.set_status(entry, "completed")
-        await resp.write_eof()
-        return resp
-
-    async def _token_faults(self, entry: dict[str, Any]) -> None:
-        """Before a token: token_delay_s, and the stall of stall_after_tokens (until the
-        client goes away, which cancels the handler)."""
-        f = self.faults
-        if f.token_delay_s > 0:
-            await asyncio.sleep(f.token_delay_s)
-        if f.stall_after_tokens is not None and entry["tokens_out"] >= f.stall_after_tokens:
-            entry["fault"] = "stall_after_tokens"
-            self.requests.set_status(entry, "stalled")
-            await asyncio.Event().wait()
-
-    async def _die(self, request: web.Request, entry: dict[str, Any]) -> web.StreamResponse:
-        entry["fault"] = "die"
-        self.requests.set_status(entry, "died")
-        if request.transport is not None:
-            request.transport.abort()
-        await asyncio.sleep(3600)  # the connection loss cancels this handler
-        raise ConnectionResetError("died")
-
-    async def _garbage(self, request: web.Request, stream: bool) -> web.StreamResponse:
-        if not stream:
-            return web.Response(status=200, body=b'{"id": "cmpl-garbage", "choices": [{"te',
-                                content_type=JSON)
-        resp = web.StreamResponse(headers=SSE_HEADERS)
-        await resp.prepare(request)
-        await resp.write(b'data: {"id": "chatcmpl-garbage", "choices": [{"delta": {"con\n\n'
-                         b"data: this is not json\n\n"
-                         b"\x00\xffgarbage without an SSE field\n\n")
         await resp.write_eof()
         return resp
 
@@ -585,10 +596,13 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints):
                 "cached_free_blocks": total("cached_free_blocks"),
                 "lag_seconds": max(r["lag_seconds"] for r in ranks),
                 "lag_max_seconds": max(r["lag_max_seconds"] for r in ranks),
-                "loras": list(self.loras), "ranks": ranks}
+                "loras": list(self.loras), "ranks": ranks,
+                "pd": self.pd.state() if self.pd is not None else None}
 
     def summary(self) -> dict[str, Any]:
         return {"index": self.cfg.index, "port": self.cfg.port, "host": self.cfg.host,
                 "model": self.cfg.model, "flavour": self.cfg.flavour, "fast": self.cfg.fast,
                 "dp_ranks": len(self.engines), "loras": list(self.loras),
-                "listening": self._site is not None}
+                "listening": self._site is not None,
+                "role": self.pd.s.role if self.pd is not None else "both",
+                "kv_port": self.pd.port if self.pd is not None else None}
