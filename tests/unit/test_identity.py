@@ -43,15 +43,15 @@ class Collect:
 
 def test_keys_file_maps_hash_to_identity_and_never_the_key() -> None:
     ks = load_keys_bytes(f"keys:\n- name: a\n  sha256: {sha('sk-a').upper()}\n  tenant: acme\n  user: al\n"
-                         f"  priority: high\n  limits: {{tokensPerMinute: 10, models: {{demo: 5}}}}\n"
+                         f"  priority: high\n  limits: {{inputTokensPerUnit: 10, unit: minute, maxPromptTokens: 5}}\n"
                          f"- name: b\n  sha256: {sha('sk-b')}\n  tenant: beta\n", "keys.yaml")
     a = ks.lookup("sk-a")
     assert a is not None and a.name == "a"
     assert (a.identity.tenant, a.identity.user, a.identity.priority, a.identity.source, a.identity.key_name) == \
         ("acme", "al", "high", "api_key", "a")
-    assert a.identity.limits["models"]["demo"] == 5
-    with pytest.raises(TypeError):
-        a.identity.limits["x"] = 1  # read-only for the rate-limit part
+    assert a.identity.limits.max_prompt_tokens == 5 and a.identity.limits.limit is not None
+    with pytest.raises(AttributeError):
+        a.identity.limits.max_prompt_tokens = 1  # frozen: shared by every request of the key
     assert ks.lookup("sk-b").identity.priority == ""  # the route's default class
     assert ks.lookup("sk-c") is None and ks.lookup("") is None
     assert "sk-a" not in repr(ks)
