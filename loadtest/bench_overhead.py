@@ -48,7 +48,7 @@ async def run_cell(a, target: str, mode: str, urls: list[str], conc: int, roots:
                    engines: Engines) -> dict:
     engines.reset()
     gen = LoadGen(urls, conc, body=chat_body(a.model, a.max_tokens, stream=mode == "stream"),
-                  client=a.client, timeout_s=a.request_timeout)
+                  client=a.client, timeout_s=a.request_timeout, headers=dict(a.header))
     try:
         # Enough warm-up for every worker to open its connection to every target.
         n_warm = max(a.warmup, 3 * conc * len(urls))
@@ -284,6 +284,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="demo")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--client", choices=["raw", "aiohttp"], default="raw", help="load generator client")
+    p.add_argument("--header", action="append", default=[], type=_header, metavar="'NAME: VALUE'",
+                   help="extra request header sent to every target (e.g. an API key for a router with auth)")
     p.add_argument("--sim-args", default="", help="extra simulator arguments")
     p.add_argument("--request-timeout", type=float, default=30.0)
     p.add_argument("--cell-timeout", type=float, default=600.0)
@@ -373,6 +375,13 @@ async def bench(a, logdir: Path, procs: list[Proc]) -> dict:
 
 def _raise_interrupt(*_) -> None:
     raise KeyboardInterrupt
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"want 'NAME: VALUE', got {text!r}")
+    return name.strip(), value.strip()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -240,10 +240,11 @@ class _RawConn(asyncio.Protocol):
             self.transport.close()
 
 
-def _raw_request(target: Target, path: str, body: bytes) -> bytes:
+def _raw_request(target: Target, path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     return (
         f"POST {path} HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n"
-        f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+        f"Content-Type: application/json\r\nAccept: text/event-stream\r\n{extra}"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
 
@@ -262,10 +263,11 @@ def _judge(status: int, body: bytes | bytearray, sse: bool = True) -> tuple[bool
 
 
 class _RawClient:
-    def __init__(self, targets: list[Target], path: str, body: bytes, timeout_s: float):
+    def __init__(self, targets: list[Target], path: str, body: bytes, timeout_s: float,
+                 headers: dict[str, str] | None = None):
         self.targets = targets
         self.sse = _wants_sse(body)
-        self.reqs = [_raw_request(t, path, body) for t in targets]
+        self.reqs = [_raw_request(t, path, body, headers) for t in targets]
         self.timeout_s = timeout_s
 
     def new_worker_state(self) -> dict:
@@ -320,14 +322,15 @@ def _expire(fut: asyncio.Future, conn: _RawConn) -> None:
 
 
 class _AiohttpClient:
-    def __init__(self, targets: list[Target], path: str, body: bytes, timeout_s: float):
+    def __init__(self, targets: list[Target], path: str, body: bytes, timeout_s: float,
+                 headers: dict[str, str] | None = None):
         import aiohttp
 
         self._aiohttp = aiohttp
         self.urls = [f"http://{t.host}:{t.port}{path}" for t in targets]
         self.body = body
         self.sse = _wants_sse(body)
-        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **(headers or {})}
         # limit=0: one pooled keep-alive connection per busy worker, no queueing in the pool.
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
@@ -374,12 +377,13 @@ class LoadGen:
         body: bytes | None = None,
         client: str = "raw",
         timeout_s: float = 30.0,
+        headers: dict[str, str] | None = None,  # extra request headers (e.g. credentials)
     ):
         self.targets = [Target.parse(u) for u in urls]
         self.concurrency = concurrency
         body = body if body is not None else chat_body()
         cls = {"raw": _RawClient, "aiohttp": _AiohttpClient}[client]
-        self._client = cls(self.targets, path, body, timeout_s)
+        self._client = cls(self.targets, path, body, timeout_s, headers)
         self._states = [self._client.new_worker_state() for _ in range(concurrency)]
 
     async def run(self, requests: int | None = None, duration_s: float | None = None) -> PhaseResult:
