@@ -315,7 +315,7 @@ async def bench(a, logdir: Path, procs: list[Proc]) -> dict:
     sim, ports, admin = start_simulator(a.engines, a.model, a.sim_args, logdir, procs, a.start_timeout)
     engines = Engines(admin)
     routers: dict[str, tuple[Proc, str]] = {
-        name: start_router(name, a.model, a.workers, args, logdir, ports, procs, a.start_timeout)
+        name: start_router(name, a.model, a.workers, args, logdir, ports, procs, a.start_timeout, dict(a.header))
         for name, args in a.routers.items()
     }
     skipped, peers = {}, {}

@@ -46,8 +46,9 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def http(method: str, url: str, body: bytes | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, method=method)
+def http(method: str, url: str, body: bytes | None = None, timeout: float = 5.0,
+         headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     if body is not None:
         req.add_header("Content-Type", "application/json")
     try:
@@ -188,8 +189,8 @@ def wait_until(pred: Callable[[], bool], proc: Proc, timeout_s: float, what: str
     raise StartError(f"{proc.name}: no {what} after {timeout_s:.0f}s\n{proc.tail()}")
 
 
-def probe_chat(url: str, model: str) -> bool:
-    status, data = http("POST", url + CHAT_PATH, chat_body(model, max_tokens=2), timeout=5)
+def probe_chat(url: str, model: str, headers: dict[str, str] | None = None) -> bool:
+    status, data = http("POST", url + CHAT_PATH, chat_body(model, max_tokens=2), timeout=5, headers=headers)
     return status == 200 and b"[DONE]" in data
 
 
@@ -249,7 +250,8 @@ spec:
 
 
 def start_router(name: str, model: str, workers: int, router_args: str, logdir: Path,
-                 engine_ports: list[int], procs: list[Proc], timeout_s: float) -> tuple[Proc, str]:
+                 engine_ports: list[int], procs: list[Proc], timeout_s: float,
+                 headers: dict[str, str] | None = None) -> tuple[Proc, str]:
     """Our router (`python -m kthena_router.cli`) with extra CLI arguments."""
     port, admin = free_ports(2)
     cfg = logdir / f"{name}.yaml"
@@ -263,7 +265,7 @@ def start_router(name: str, model: str, workers: int, router_args: str, logdir: 
     procs.append(p)
     url = f"http://{HOST}:{port}"
     wait_until(lambda: http("GET", f"http://{HOST}:{admin}/readyz")[0] == 200, p, timeout_s, "/readyz 200")
-    wait_until(lambda: probe_chat(url, model), p, timeout_s, "successful chat request")
+    wait_until(lambda: probe_chat(url, model, headers), p, timeout_s, "successful chat request")
     return p, url
 
 
