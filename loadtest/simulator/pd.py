@@ -106,7 +106,7 @@ class PdEngine:
 
     # --- per request ----------------------------------------------------------------
     def plan(self, body: dict[str, Any], gen: Any, entry: dict[str, Any]) -> PdPlan | None:
-        """The request's hop; None for an ordinary request. gen: server._Gen (mutated:
+        """The request's hop; None for an ordinary request. gen: request_validation.Gen (mutated:
         SGLang's prefill mode generates one token)."""
         if self.s.role == "both" or len(gen.prompts) != 1:
             return None

@@ -23,20 +23,19 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
 
 from .accounting import RequestLog
 from .fault_actions import FaultActions
 from .fast_engine import GenRequest  # same fields as engine.GenRequest (duck-typed)
 from .faults import Faults
-from .http_errors import DONE, SSE_HEADERS, ApiError, error_response, json_response, stream_flag
+from .http_errors import DONE, SSE_HEADERS, ApiError, error_response, json_response
 from .metrics_text import RankView, render
 from .models import ModelEndpoints
 from .pd import PdEngine, PdPlan
-from .probes import DEFAULT_MAX_TOKENS, ProbeEndpoints
+from .probes import ProbeEndpoints
 from .responses import ResponsesEndpoints, ResponseStore
-from .tokenizer import ChatTemplateError, TextCodec, render_chat
+from .request_validation import Gen, RequestValidation
+from .tokenizer import TextCodec
 
 log = logging.getLogger("loadtest.simulator")
 
@@ -45,8 +44,6 @@ def _printable(v: str) -> str:
     """A header value as logged: aiohttp keeps non-UTF-8 bytes as lone surrogates, which the
     admin API's JSON cannot carry."""
     return v if v.isascii() else v.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-LONG_TEXT_CHARS = 8192
 
 
 @dataclass
@@ -74,19 +71,7 @@ def _nodelay(request: web.Request) -> bool | None:
     return bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
 
 
-@dataclass
-class _Gen:
-    """A validated generation request."""
-
-    prompts: list[list[int]]
-    max_tokens: int
-    stream: bool
-    include_usage: bool
-    lora: str | None
-    model: str
-
-
-class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints, FaultActions):
+class EngineServer(RequestValidation, ProbeEndpoints, ResponsesEndpoints, ModelEndpoints, FaultActions):
     def __init__(self, cfg: ServerConfig, engines: list[Any], codec: TextCodec,
                  faults: Faults | None = None, pd: PdEngine | None = None) -> None:
         self.cfg = cfg
@@ -215,20 +200,6 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints, FaultActi
             return model, model
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
 
-    @staticmethod
-    async def read_json(request: web.Request) -> dict[str, Any]:
-        try:
-            raw = await request.read()
-        except (RequestPayloadError, HttpProcessingError) as e:  # e.g. an undecodable Content-Encoding
-            raise ApiError(400, f"Cannot read the request body: {getattr(e, 'message', e)}") from None
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise ApiError(400, f"Invalid JSON body: {e}") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "The request body must be a JSON object")
-        return body
-
     def pick_rank(self) -> int:
         n = len(self.engines)
         if n == 1:
@@ -318,73 +289,6 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints, FaultActi
         finally:
             self.pd.end(plan)
 
-    async def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        # the tokenizer releases the GIL: long prompts go to a thread so that the engines'
-        # step loops in this process are not held up (about 1.5 us per token)
-        if len(text) < LONG_TEXT_CHARS:
-            return self.codec.encode(text, add_special_tokens)
-        return await asyncio.to_thread(self.codec.encode, text, add_special_tokens)
-
-    async def _validate(self, body: dict[str, Any], chat: bool) -> _Gen:
-        model, lora = self.served(body.get("model"))
-        n = body.get("n", 1)
-        if n is not None and n != 1:
-            raise ApiError(400, "Only n=1 is supported by the simulator.", param="n")
-        stream = stream_flag(body)
-        opts = body.get("stream_options")
-        include_usage = False
-        if opts is not None:
-            if not stream:
-                raise ApiError(400, "Stream options can only be defined when `stream=True`.",
-                               param="stream_options")
-            if not isinstance(opts, dict):
-                raise ApiError(400, "'stream_options' must be an object", param="stream_options")
-            include_usage = opts.get("include_usage") is True
-        max_tokens = body.get("max_completion_tokens") if chat else None
-        if max_tokens is None:
-            max_tokens = body.get("max_tokens")
-        if max_tokens is None:
-            max_tokens = DEFAULT_MAX_TOKENS
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ApiError(400, "max_tokens must be an integer of at least 1", param="max_tokens")
-        if chat:
-            try:
-                text = render_chat(body.get("messages"),
-                                   body.get("add_generation_prompt", True) is not False)
-            except ChatTemplateError as e:
-                raise ApiError(400, str(e), param="messages") from None
-            prompts = [await self._encode(text, False)]
-        else:
-            prompts = [p if isinstance(p, list) else await self._encode(p, True)
-                       for p in self._prompts(body.get("prompt"))]
-        for p in prompts:
-            if len(p) + max_tokens > self.cfg.max_model_len:
-                raise ApiError(
-                    400, f"This model's maximum context length is {self.cfg.max_model_len} "
-                    f"tokens. However, you requested {len(p) + max_tokens} tokens "
-                    f"({len(p)} in the messages, {max_tokens} in the completion). "
-                    "Please reduce the length of the messages or completion.", param="messages")
-        return _Gen(prompts, max_tokens, stream, include_usage, lora, model)
-
-    def _prompts(self, prompt: Any) -> list[list[int] | str]:
-        """A string, a list of strings, a list of token ids, or a list of such lists
-        -> texts (still to encode, with BOS) and token-id lists."""
-        def ids_ok(x: Any) -> bool:
-            return bool(x) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                   for t in x)
-
-        if isinstance(prompt, str) and prompt:
-            return [prompt]
-        if isinstance(prompt, list) and prompt:
-            if all(isinstance(p, str) and p for p in prompt):
-                return list(prompt)
-            if ids_ok(prompt):
-                return [list(prompt)]
-            if all(isinstance(p, list) and ids_ok(p) for p in prompt):
-                return [list(p) for p in prompt]
-        raise ApiError(400, "'prompt' must be a non-empty string, list of strings, list of "
-                       "token ids or list of token-id lists", param="prompt")
-
     def _submit(self, rid: str, prompt: list[int], max_tokens: int,
                 lora: str | None, plan: PdPlan | None = None) -> tuple[int, Any]:
         rank = self.pick_rank()
@@ -399,7 +303,7 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints, FaultActi
         self.active[rank] += 1
         return rank, handle
 
-    def _submit_all(self, base_id: str, gen: _Gen,
+    def _submit_all(self, base_id: str, gen: Gen,
                     plan: PdPlan | None = None) -> list[tuple[str, int, Any]]:
         """Submit every prompt at once (they run concurrently, as in vLLM)."""
         subs: list[tuple[str, int, Any]] = []
@@ -421,7 +325,7 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints, FaultActi
             if handle.finish_reason is None:  # client went away or we died: free its blocks
                 self.engines[rank].abort(rid)
 
-    async def _unary(self, request: web.Request, entry: dict[str, Any], gen: _Gen,
+    async def _unary(self, request: web.Request, entry: dict[str, Any], gen: Gen,
                      chat: bool, plan: PdPlan | None = None) -> web.StreamResponse:
         base_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         die = self.faults.die_after_tokens
@@ -469,7 +373,7 @@ class EngineServer(ProbeEndpoints, ResponsesEndpoints, ModelEndpoints, FaultActi
         self.requests.set_status(entry, "completed")
         return json_response(obj)
 
-    async def _stream(self, request: web.Request, entry: dict[str, Any], gen: _Gen,
+    async def _stream(self, request: web.Request, entry: dict[str, Any], gen: Gen,
                       chat: bool, plan: PdPlan | None = None,
                       resp: web.StreamResponse | None = None) -> web.StreamResponse:
         base_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
