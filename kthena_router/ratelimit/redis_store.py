@@ -133,15 +133,19 @@ class RedisStore:
             self._spawn(self._pay(b))
 
     async def _pay(self, b: LeasedBucket) -> None:
-        debt = -b.lease
-        if debt <= 0 or b.paying:
+        if b.paying:
             return
         b.paying = True
-        b.lease += debt
         try:
-            _, b.remote = await self._call("charge", b, debt, 0)
-        except StoreDown:
-            b.lease -= debt  # still owed; paid by the upkeep when Redis is back
+            # Charges made during a payment's round trip are paid by the next pass at once:
+            # until Redis has them, other routers can admit on tokens already spent.
+            while (debt := -b.lease) > 0:
+                b.lease += debt
+                try:
+                    _, b.remote = await self._call("charge", b, debt, 0)
+                except StoreDown:
+                    b.lease -= debt  # still owed; paid by the upkeep when Redis is back
+                    return
         finally:
             b.paying = False
 

@@ -107,8 +107,9 @@ def test_three_routers_share_one_global_hourly_budget(tmp_path: Path) -> None:
         in_flight = 3 * CLIENTS_PER_ROUTER * max_tokens
         print(f"output: {gen:.0f} of {out} (+{refill:.0f} refilled, in-flight bound {in_flight}), {stats}")
         assert stats["refused"] > 0, stats
-        # output is charged as it streams: overshoot at most the in-flight requests' max_tokens
-        assert 0.98 * out <= gen <= out + refill + in_flight, (gen, refill, stats)
+        # output is charged as it streams: overshoot at most the in-flight requests' max_tokens,
+        # plus what is streamed while a debt payment is on its way to Redis (slack: a lease per router)
+        assert 0.98 * out <= gen <= out + refill + in_flight + 3 * out * LEASE_PERCENT / 100, (gen, refill, stats)
         charged = sum(harness.metric_value(harness.parse_metrics(r.metrics_text()),
                                            "kthena_router_ratelimit_charged_tokens_total", token_type="output")
                       for r in routers)
