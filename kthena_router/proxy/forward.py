@@ -212,17 +212,19 @@ class _Request(Exchange):
                     raise RequestError(404, exc.message, param="model") from None
                 targets = state.targets.get(match.server.key, ())
                 pinned = self._pinned(api, body, targets)
+                self.model_label = body.model
+                downstream = self.fw.metrics.downstream(body.model)
+                downstream.inc()
+                # Armed before any Redis wait: a client that leaves while we wait cancels us.
+                watch = self.watch = _Disconnect(receive)
+                limiter = self.fw.limiter
+                if limiter is not None and (plan := limiter.plan(match.route, self.identity)) is not None:
+                    self.rl = await plan.admit(self, body, self.identity)  # 429 / 400 / 503
+                # After admission: a refused request costs no session-store round trip.
                 if pinned is None and match.route.session_sticky is not None:
                     self.pin = await self.fw.sticky.lookup(
                         match.route, self.header_map, raw_headers, self.scope.get("query_string", b""),
                         self.identity.claims, targets)
-                self.model_label = body.model
-                limiter = self.fw.limiter
-                if limiter is not None and (plan := limiter.plan(match.route, self.identity)) is not None:
-                    self.rl = await plan.admit(self, body, self.identity)  # 429 / 400 / 503
-                downstream = self.fw.metrics.downstream(body.model)
-                downstream.inc()
-                watch = self.watch = _Disconnect(receive)
                 await self._forward(body, match, targets, pinned, state.traffic_of(match.server.key))
             except RequestError as err:
                 self.status = err.status

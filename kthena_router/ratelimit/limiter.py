@@ -16,6 +16,7 @@ A refusal by any bucket gives back what the others took.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable
@@ -253,6 +254,9 @@ class Plan:
             else:
                 try:
                     r = await store.take(slot.bucket, need, consume)  # type: ignore[arg-type]
+                except asyncio.CancelledError:  # the client left while Redis answered
+                    ticket.rollback()
+                    raise
                 except StoreDown:
                     if self.lset.fail_mode == "closed":
                         ticket.rollback()

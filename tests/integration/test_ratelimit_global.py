@@ -5,11 +5,15 @@ as documented, and the routers recover when it returns."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+import redis as redis_lib
 import yaml
 
 import harness
@@ -159,6 +163,57 @@ def test_redis_outage_fail_open_and_fail_closed_then_recovery(tmp_path: Path) ->
         fams = harness.parse_metrics(router.metrics_text())
         assert harness.metric_value(fams, "kthena_router_ratelimit_decisions_total", model_route="default/closed",
                                     result="admitted") >= 2
+    finally:
+        router.stop()
+        sim.stop()
+        redis.stop()
+
+
+def test_refusal_costs_no_session_lookup_and_a_client_leaving_during_a_redis_wait_cancels(tmp_path: Path) -> None:
+    """Rate-limit admission runs before the session-store lookup, and both Redis waits are
+    watched for the client leaving."""
+    redis = redis_harness.start_redis(tmp_path)
+    sim = harness.start_simulator(tmp_path, engines=1, fast=True)
+    docs = _config(sim, redis, {"tiny": {"inputTokensPerUnit": 5, "unit": "hour"},
+                                "wide": {"inputTokensPerUnit": 10**7, "unit": "hour"}})
+    for doc in docs:
+        if doc["kind"] == "ModelRoute":
+            doc["spec"]["sessionSticky"] = {"sources": [{"type": "Header", "name": "X-Session-ID"}]}
+    config = harness.write_config(tmp_path / "cfg.yaml", docs)
+    rc = tmp_path / "router.yaml"
+    rc.write_text(yaml.safe_dump({
+        "sessionSticky": {"backend": "redis", "redis": {"address": redis.address}},
+        "rateLimits": {"leasePercent": 0, "redisTimeout": "120s", "routes": {"wide": {"failMode": "closed"}}}}))
+    router = harness.start_router(config, tmp_path, extra_args=["--router-config", str(rc)])
+    db = redis_lib.Redis(host=harness.HOST, port=redis.port)
+    body = {"messages": [{"role": "user", "content": "a prompt well over five tokens " * 4}], "max_tokens": 2}
+    url = f"{router.openai_url}/chat/completions"
+
+    def getex_calls() -> int:
+        return int(db.info("commandstats").get("cmdstat_getex", {}).get("calls", 0))
+
+    try:
+        headers = {"X-Session-ID": "conv-1"}
+        r = httpx.post(url, json={**body, "model": "tiny"}, headers=headers, timeout=30)
+        assert r.status_code == 429, r.text
+        assert getex_calls() == 0
+        r = httpx.post(url, json={**body, "model": "wide"}, headers=headers, timeout=30)
+        assert r.status_code == 200, r.text
+        assert getex_calls() == 1  # control: an admitted request does look its session up
+
+        os.kill(redis.process.pid, signal.SIGSTOP)  # every Redis call now waits (redisTimeout 120s)
+        try:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(url, json={**body, "model": "wide"}, headers=headers, timeout=1.0)
+            # the watcher cancels the wait: recorded as 499 long before the 120 s Redis timeout
+            harness.wait_until(lambda: harness.metric_value(
+                harness.parse_metrics(router.metrics_text()), "kthena_router_requests_total",
+                model="wide", status_code="499") == 1, 30, what="the abandoned request recorded as 499")
+        finally:
+            os.kill(redis.process.pid, signal.SIGCONT)
+        fams = harness.parse_metrics(router.metrics_text())
+        assert harness.metric_value(fams, "kthena_router_ratelimit_decisions_total", model_route="default/wide",
+                                    result="admitted") == 1
     finally:
         router.stop()
         sim.stop()
