@@ -15,6 +15,7 @@ import orjson
 from kthena_router.config.model import RouterConfig
 from kthena_router.config.traffic import DEFAULT_TRAFFIC, ServerTraffic, TrafficSettings
 from kthena_router.endpoints.registry import EndpointState, ServerKey
+from kthena_router.pd.topology import PdTopology, build_topologies
 from kthena_router.routing.table import RouteTable
 
 
@@ -27,6 +28,7 @@ class RouterState:
     # the router configuration's traffic section, resolved once per state for every server
     traffic: TrafficSettings = DEFAULT_TRAFFIC
     server_traffic: Mapping[ServerKey, ServerTraffic] = field(default_factory=dict, repr=False)
+    pd: Mapping[ServerKey, PdTopology] = field(default_factory=dict, repr=False)  # PD servers only
 
     def traffic_of(self, key: ServerKey) -> ServerTraffic:
         st = self.server_traffic.get(key)
@@ -48,7 +50,8 @@ def resolve_traffic(cfg: RouterConfig, traffic: TrafficSettings) -> dict[ServerK
 
 def build_state(cfg: RouterConfig, table: RouteTable, targets: Mapping[ServerKey, tuple[EndpointState, ...]],
                 traffic: TrafficSettings = DEFAULT_TRAFFIC) -> RouterState:
-    return RouterState(cfg, table, targets, models_payload(table), traffic, resolve_traffic(cfg, traffic))
+    return RouterState(cfg, table, targets, models_payload(table), traffic, resolve_traffic(cfg, traffic),
+                       build_topologies(cfg.servers, targets))
 
 
 class StateHolder:

@@ -35,7 +35,7 @@ def parse_endpoint_set(c: Ctx, meta: ObjectMeta, v: Any) -> EndpointSet | None:
     out: list[Endpoint] = []
     for i, e in enumerate(check_list(c, spec.get("endpoints"), "spec.endpoints")):
         p = f"spec.endpoints[{i}]"
-        m = check_mapping(c, e, p, ("address", "port", "labels"), required=("address",))
+        m = check_mapping(c, e, p, ("address", "port", "labels", "bootstrapPort"), required=("address",))
         if m is None:
             continue
         addr = check_str(c, m.get("address"), p + ".address")
@@ -44,8 +44,9 @@ def parse_endpoint_set(c: Ctx, meta: ObjectMeta, v: Any) -> EndpointSet | None:
             addr = None
         port = check_int(c, m.get("port"), p + ".port", 1, 65535)
         labels = check_labels(c, m.get("labels"), p + ".labels")
+        bootstrap = check_int(c, m.get("bootstrapPort"), p + ".bootstrapPort", 1, 65535)
         if addr is not None:
-            out.append(Endpoint(address=addr, port=port, labels=labels))
+            out.append(Endpoint(address=addr, port=port, labels=labels, bootstrap_port=bootstrap))
     if len(c.problems) > before:
         return None
     return EndpointSet(namespace=meta.namespace, name=meta.name, endpoints=tuple(out))

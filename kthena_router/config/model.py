@@ -14,6 +14,8 @@ from typing import Any
 DEFAULT_NAMESPACE = "default"
 DEFAULT_PORT = 8000  # vLLM's default; used when a ModelServer has no workloadPort
 DEFAULT_SESSION_AFFINITY_SECONDS = 10800  # Kthena's, when sessionAffinitySeconds is unset
+DEFAULT_BOOTSTRAP_PORT = 8998  # SGLang's --disaggregation-bootstrap-port default
+SGLANG_BOOTSTRAP = "bootstrap"  # ModelServer.pd_connector of SGLang servers
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,9 @@ class Endpoint:
     address: str  # IP or DNS name (re-resolved by endpoints.registry)
     port: int | None  # None = the ModelServer's workloadPort
     labels: dict[str, str]
+    # SGLang PD: the prefill engine's bootstrap server port (None = SGLang's default, 8998).
+    # File mode: the endpoint's `bootstrapPort`; Kubernetes mode: a pod annotation.
+    bootstrap_port: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +131,7 @@ class ModelServer:
     model: str | None
     inference_engine: str  # "vLLM" | "SGLang"
     match_labels: dict[str, str]
-    pd_group: PDGroup | None  # None until implemented: the loader refuses pdGroup
+    pd_group: PDGroup | None  # set: prefill/decode pairs, two-hop dispatch (kthena_router.pd)
     port: int
     protocol: str  # "http" | "https"
     timeout_s: float | None  # None = no first-byte timeout
@@ -135,8 +140,16 @@ class ModelServer:
     # From annotations; repr=False keeps bearer tokens out of logs and tracebacks.
     upstream_headers: dict[str, str] = field(default_factory=dict, repr=False)
     tls_insecure_skip_verify: bool = False
-    kv_connector: str | None = None  # None until implemented: the loader refuses spec.kvConnector
+    kv_connector: str | None = None  # spec.kvConnector.type as written (None: unset)
     creation_timestamp: datetime | None = None
+
+    @property
+    def pd_connector(self) -> str:
+        """How the two hops of a PD server talk: Kthena's defaults when kvConnector is unset
+        (`http` for vLLM; SGLang engines always use their bootstrap protocol)."""
+        if self.inference_engine == "SGLang":
+            return SGLANG_BOOTSTRAP
+        return self.kv_connector or "http"
 
     @property
     def key(self) -> tuple[str, str]:
@@ -183,5 +196,5 @@ class RouterConfig:
                 if (ep.address, port) in seen:
                     continue
                 seen.add((ep.address, port))
-                out.append(ep if ep.port == port else Endpoint(ep.address, port, ep.labels))
+                out.append(ep if ep.port == port else Endpoint(ep.address, port, ep.labels, ep.bootstrap_port))
         return out

@@ -18,7 +18,6 @@ from .checks import (
     check_mapping,
     check_str,
     join_path,
-    refuse,
 )
 from .metadata import ObjectMeta
 from .model import DEFAULT_PORT, ModelServer, PDGroup
@@ -58,8 +57,6 @@ def parse_model_server(c: Ctx, meta: ObjectMeta, v: Any, base_dir: Path) -> Mode
             match_labels = check_labels(c, ws.get("matchLabels"), "spec.workloadSelector.matchLabels")
             if ws.get("pdGroup") is not None:
                 pd_group = _pd_group(c, ws["pdGroup"], "spec.workloadSelector.pdGroup")
-                refuse(c, "spec.workloadSelector.pdGroup",
-                       "prefill/decode disaggregation (pdGroup; prefill and decode pods would be mixed)")
     port, protocol = DEFAULT_PORT, "http"
     if spec.get("workloadPort") is not None:
         wp = check_mapping(c, spec["workloadPort"], "spec.workloadPort", ("port", "protocol"), required=("port",))
@@ -87,7 +84,12 @@ def parse_model_server(c: Ctx, meta: ObjectMeta, v: Any, base_dir: Path) -> Mode
         k = check_mapping(c, spec["kvConnector"], kp, ("type",))
         if k is not None:
             kv = "http" if k.get("type") is None else check_enum(c, k["type"], kp + ".type", _KV_CONNECTORS)
-        refuse(c, kp, "KV transfer between prefill and decode engines (kvConnector)")
+        if engine == "SGLang":  # accepted and ignored otherwise: SGLang pairs by bootstrap rooms
+            c.err(kp, "SGLang engines transfer KV with their bootstrap protocol; kvConnector applies "
+                      "to vLLM servers only (remove it)")
+    if kv is not None and pd_group is None and engine != "SGLang":
+        c.err("spec.kvConnector", "kvConnector takes effect only with workloadSelector.pdGroup "
+                                  "(prefill/decode pairs); add pdGroup or remove kvConnector")
     headers, skip_verify = _annotations(c, meta.annotations, base_dir)
     if len(c.problems) > before or engine is None:
         return None
@@ -111,7 +113,7 @@ def parse_model_server(c: Ctx, meta: ObjectMeta, v: Any, base_dir: Path) -> Mode
 
 
 def _pd_group(c: Ctx, v: Any, path: str) -> PDGroup | None:
-    """Shape check of pdGroup (Kthena's CRD rules); the caller refuses it."""
+    """Shape check of pdGroup (Kthena's CRD rules)."""
     pg = check_mapping(c, v, path, ("groupKey", "prefillLabels", "decodeLabels"),
                        required=("groupKey", "prefillLabels", "decodeLabels"))
     if pg is None:

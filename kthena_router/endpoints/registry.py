@@ -34,11 +34,12 @@ class EndpointState:
     """One upstream target of one ModelServer; `health` is shared by every server using it."""
 
     __slots__ = ("key", "ip", "port", "host", "base_url", "ssl", "server_hostname", "health",
-                 "probe_headers", "server_label")
+                 "probe_headers", "server_label", "labels", "bootstrap_port")
 
     def __init__(self, key: str, ip: str, port: int, host: str, scheme: str,
                  ssl_ctx: ssl.SSLContext | bool | None, health: EndpointHealth,
-                 probe_headers: Mapping[str, str], server_label: str) -> None:
+                 probe_headers: Mapping[str, str], server_label: str,
+                 labels: Mapping[str, str] | None = None, bootstrap_port: int | None = None) -> None:
         self.key = key
         self.ip = ip
         self.port = port
@@ -51,6 +52,8 @@ class EndpointState:
         self.health = health
         self.probe_headers = dict(probe_headers)
         self.server_label = server_label
+        self.labels: Mapping[str, str] = labels or {}  # the endpoint's (pod's) labels: PD roles and groups
+        self.bootstrap_port = bootstrap_port  # SGLang PD prefill engines (None: 8998)
 
     def __repr__(self) -> str:
         return f"EndpointState({self.key})"
@@ -149,7 +152,8 @@ class EndpointRegistry:
                     live.add(ep_key)
                     health = self._health_of(ep_key, policies.setdefault(ep_key, policy))
                     targets.append(EndpointState(ep_key, ip, port, ep.address, scheme, ssl_ctx,
-                                                 health, server.upstream_headers, label))
+                                                 health, server.upstream_headers, label, ep.labels,
+                                                 ep.bootstrap_port))
             out[key] = tuple(targets)
         gone = set(self._health) - live
         for key in gone:

@@ -38,6 +38,7 @@ from ..config.traffic import DEFAULT_TRAFFIC, TrafficSettings, parse_traffic
 from ..ratelimit.config import DEFAULT_RATE_LIMITS, RateLimitSettings, parse_rate_limits
 from ..fairness.config import FairnessSettings, parse_fairness
 from ..identity.config import AuthConfig, parse_auth
+from ..pd.config import DEFAULT_PD, PdSettings
 # Same YAML and value rules as the route config (helpers take any collector with .err()).
 from ..config.checks import check_list as _list, type_name as _type_name
 from ..config.yaml_source import StrictLoader as _StrictLoader, decode_config_text, yaml_problem as _yaml_problem
@@ -149,6 +150,7 @@ class RouterConfiguration:
     traffic: TrafficSettings = DEFAULT_TRAFFIC  # ours: timeouts, outlier detection, admission
     rate_limits: RateLimitSettings = DEFAULT_RATE_LIMITS  # ours: rateLimits (kthena_router/ratelimit)
     fairness: FairnessSettings | None = None  # ours: fair queuing (None: section absent, off)
+    pd: PdSettings = DEFAULT_PD  # ours: prefill/decode pairing and hops (kthena_router/pd)
 
 
 # Our pipeline when the file has no `scheduler` (Kthena's Helm chart default).

@@ -83,18 +83,18 @@ def test_bad_settings_exit_2(tmp_path: Path) -> None:
     assert "workers must be >= 1" in proc.stderr()
 
 
-# kvConnector stays refused until prefill/decode dispatch lands (step 6)
+# kvConnector without pdGroup would have no effect: refused
 KV_CONNECTOR = BAD_WEIGHT.replace("weight: 500}", "weight: 100}").replace(
     "  workloadPort: {port: 8000}\n", "  workloadPort: {port: 8000}\n  kvConnector: {type: nixl}\n")
 
 
-def test_refused_kthena_field_exits_2_naming_it(tmp_path: Path) -> None:
+def test_ineffective_kthena_field_exits_2_naming_it(tmp_path: Path) -> None:
     config = harness.write_config(tmp_path / "pd.yaml", KV_CONNECTOR)
     proc = _run_cli(tmp_path, config)
     assert proc.returncode == 2, proc.tail()
     err = proc.stderr()
-    assert f"{config}: document 1 (ModelServer default/s): spec.kvConnector: KV transfer" in err, err
-    assert "is not supported yet" in err and "Traceback" not in err
+    assert f"{config}: document 1 (ModelServer default/s): spec.kvConnector: kvConnector takes effect only" in err, err
+    assert "Traceback" not in err
 
 
 def test_hmac_algorithm_in_auth_exits_2_naming_it(tmp_path: Path) -> None:

@@ -1,0 +1,47 @@
+"""The router configuration's `pd` section (ours; Kthena's CRDs are not extended).
+
+```yaml
+pd:
+  decode:  {plugins: ..., pluginConfig: ...}    # Kthena's scheduler shape; the decode side
+  prefill: {plugins: ..., pluginConfig: ...}    # the prefill side (prefix cache matters here)
+  prefillTimeout: 60s          # the whole prefill hop (its reply; SGLang: its reply after the push)
+  minUncachedTokens: 0         # conditional disaggregation; 0 = always two hops
+  servers:                     # per ModelServer, keyed "namespace/name" or "name"
+    llama-pd: {prefillTimeout: 30s, minUncachedTokens: 512}
+```
+
+The decode hop keeps the server's usual timeouts (the `traffic` section / trafficPolicy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from kthena_router.config.model import DEFAULT_NAMESPACE
+
+__all__ = ["DEFAULT_PD", "PdServerSettings", "PdSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class PdServerSettings:
+    prefill_timeout_s: float = 60.0
+    min_uncached_tokens: int = 0  # below this many uncached prompt tokens: decode alone
+
+
+@dataclass(frozen=True, slots=True)
+class PdSettings:
+    # scheduling.config.SchedulerSettings of each side; None = that side's default pipeline
+    decode: object | None = None
+    prefill: object | None = None
+    defaults: PdServerSettings = PdServerSettings()
+    servers: Mapping[str, PdServerSettings] = field(default_factory=dict)  # "namespace/name"
+
+    def for_server(self, namespace: str, name: str) -> PdServerSettings:
+        s = self.servers.get(f"{namespace}/{name}")
+        if s is None and namespace == DEFAULT_NAMESPACE:
+            s = self.servers.get(name)
+        return s if s is not None else self.defaults
+
+
+DEFAULT_PD = PdSettings()
