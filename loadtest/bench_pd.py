@@ -58,7 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench_pd", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cells", default="agg,pd,pd-cond",
-                   help="comma-separated: agg, pd, pd-cond (one cell per --min-uncached), pd-cond-N")
+                   help="comma-separated: agg, agg-cN (max-num-batched-tokens N), pd, pd-cond (one "
+                        "cell per --min-uncached), pd-cond-N")
     p.add_argument("--min-uncached", default="512",
                    help="pd.minUncachedTokens of the pd-cond cells, comma-separated (> 0)")
     p.add_argument("--seeds", default="report",
@@ -280,6 +281,7 @@ async def bench(a: argparse.Namespace, logdir: Path) -> dict[str, Any]:
     pooled: dict[str, dict[float, dict[str, Any]]] = {}
     for c in a.cell_list:
         rec = {"name": c.name, "roles": list(c.roles), "min_uncached_tokens": c.min_uncached_tokens,
+               "max_num_batched_tokens": c.max_num_batched_tokens or a.max_num_batched_tokens,
                "per_seed": []}
         per_cell[c.name] = rec
         pooled[c.name] = {}

@@ -6,6 +6,9 @@ max-num-seqs 256, max-num-batched-tokens 8192, the computed H200 KV capacity):
 - pd:         1 prefill + 1 decode engine (`--roles prefill,decode`), a ModelServer with
               workloadSelector.pdGroup and kvConnector nixl (the KV is read by the decode
               engine over the simulated 400 Gb/s link; the decode does not recompute);
+- agg-cN:     as agg with max-num-batched-tokens N (smaller prefill chunks per step: the
+              aggregated engines' own remedy for prefill interference, vLLM's chunked
+              prefill; optional, for the comparison's honesty);
 - pd-cond-N:  as pd, with the router's pd.minUncachedTokens = N (conditional
               disaggregation: a request whose uncached prompt part on the chosen decode
               engine is below N tokens is served by the decode engine alone).
@@ -36,6 +39,7 @@ class Cell:
     name: str
     roles: tuple[str, str]
     min_uncached_tokens: int | None = None  # None: not a PD cell; 0: always two hops
+    max_num_batched_tokens: int | None = None  # None: the run's --max-num-batched-tokens
 
     @property
     def is_pd(self) -> bool:
@@ -62,8 +66,11 @@ def parse_cells(spec: str, min_uncached: list[int]) -> list[Cell]:
             out.extend(pd_cond(n) for n in min_uncached)
         elif name.startswith("pd-cond-") and name[8:].isdigit() and int(name[8:]) > 0:
             out.append(pd_cond(int(name[8:])))
+        elif name.startswith("agg-c") and name[5:].isdigit() and int(name[5:]) >= 16:
+            out.append(Cell(name, ("both", "both"), max_num_batched_tokens=int(name[5:])))
         else:
-            raise ValueError(f"unknown cell {name!r}; known: agg, pd, pd-cond, pd-cond-N")
+            raise ValueError(f"unknown cell {name!r}; known: agg, agg-cN (N >= 16), pd, pd-cond, "
+                             f"pd-cond-N")
     if len({c.name for c in out}) != len(out):
         raise ValueError(f"a cell is listed twice in {spec!r}")
     return out
@@ -76,7 +83,7 @@ def simulator_cmd(cell: Cell, ports: list[int], admin: int, time_scale: float, s
             "--model", MODEL, "--flavour", "vllm", "--roles", ",".join(cell.roles),
             "--kv-bandwidth-gbps", repr(kv_bandwidth_gbps), "--block-size", str(BLOCK_SIZE),
             "--max-num-seqs", str(MAX_NUM_SEQS),
-            "--max-num-batched-tokens", str(max_num_batched_tokens),
+            "--max-num-batched-tokens", str(cell.max_num_batched_tokens or max_num_batched_tokens),
             "--time-scale", repr(time_scale), "--seed", str(seed), *shlex.split(extra)]
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from loadtest.shared_prefix.workload import _vocab_words, words_text
 
-DEFAULT_RATES = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0)
+DEFAULT_RATES = (1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 20.0)
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class WorkloadSpec:
     prompt_len: int = 4096  # tokens, chat template included
     output_len: int = 256
     rates: tuple[float, ...] = DEFAULT_RATES  # req/s of simulated time, rising
-    requests_per_rate: int = 60
+    requests_per_rate: int = 40
     duration_per_rate: float | None = None  # simulated s; set: n = ceil(rate x duration)
     followup_share: float = 0.4
     followup_new_min: int = 64

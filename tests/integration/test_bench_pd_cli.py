@@ -61,11 +61,14 @@ def test_aggregated_cell_end_to_end(tmp_path: Path) -> None:
 
 def test_pd_cells_accepted_by_the_cli(tmp_path: Path) -> None:
     out = tmp_path / "pd.json"
-    p = run("--cells", "agg,pd,pd-cond", "--min-uncached", "256,1024", "--seeds", "tuning",
+    p = run("--cells", "agg,agg-c1024,pd,pd-cond", "--min-uncached", "256,1024", "--seeds", "tuning",
             "--out", str(out), "--dry-run")
     assert p.returncode == 0, p.stderr
     cfg = tmp_path / "pd-configs"
-    for name, roles, mu in (("agg", "both,both", None), ("pd", "prefill,decode", 0),
+    assert "--roles both,both --kv-bandwidth-gbps 400.0 --block-size 16 --max-num-seqs 256 " \
+           "--max-num-batched-tokens 1024" in p.stdout
+    for name, roles, mu in (("agg", "both,both", None), ("agg-c1024", "both,both", None),
+                            ("pd", "prefill,decode", 0),
                             ("pd-cond-256", "prefill,decode", 256), ("pd-cond-1024", "prefill,decode", 1024)):
         assert f"# {name}\n" in p.stdout and f"--roles {roles}" in p.stdout
         servers = list(load_config_file(cfg / name / "routes.yaml").servers.values())
@@ -81,7 +84,7 @@ def test_pd_cells_accepted_by_the_cli(tmp_path: Path) -> None:
 
 
 def test_cli_rejects_bad_arguments(tmp_path: Path) -> None:
-    for bad in (["--cells", "pd-cond-0"], ["--cells", "agg,agg"], ["--cells", "disagg"],
+    for bad in (["--cells", "pd-cond-0"], ["--cells", "agg,agg"], ["--cells", "disagg"], ["--cells", "agg-c8"],
                 ["--rates", "2,x"], ["--min-uncached", "1.5"], ["--seeds", "nope"]):
         p = run("--out", str(tmp_path / "x.json"), "--dry-run", *bad)
         assert p.returncode == 2 and "error:" in p.stderr, (bad, p.stderr)
