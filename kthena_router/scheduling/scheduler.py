@@ -321,7 +321,8 @@ class Scheduler:
         if ep_id is None:
             return
         prev = self._snapshots.get(snap.key)
-        if prev is None or prev.stale != snap.stale:
+        # never scraped and not stale: an assumed state (PD without a scraper), not a scrape
+        if (prev is None or prev.stale != snap.stale) and (snap.stale or snap.scraped_at is not None):
             self.metrics.set_metrics_stale(snap.key, snap.stale)
         self._snapshots[snap.key] = snap
         for view in self._views_of.get(snap.key, ()):
