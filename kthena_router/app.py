@@ -44,6 +44,8 @@ from kthena_router.gc_tuning import GcMonitor, freeze_startup_heap
 from kthena_router.identity.service import IdentityService
 from kthena_router.loop_lag import LoopLagSampler
 from kthena_router.metrics import RouterMetrics, ensure_multiprocess
+from kthena_router.pd.config import DEFAULT_PD
+from kthena_router.pd.pairing import PdPairer
 from kthena_router.proxy.forward import Forwarder, Receive, Scope, Send
 from kthena_router.proxy.upstream import H1Pool, UpstreamPool
 from kthena_router.ratelimit.limiter import Limiter
@@ -143,6 +145,9 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     sticky = SessionAffinity(settings.runtime_dir, metrics,
                              lambda: rc.session_sticky if (rc := rc_holder.current) is not None else None)
     forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober, access_log=access_log, sticky=sticky)
+    pd_pairer = forwarder.pd_pairer = PdPairer(  # follows states (after_swap) and, with a reloader, the pd section
+        rc.pd if (rc := router_config.current) is not None else DEFAULT_PD, metrics, selector=selector,
+        hot_spot_abs=settings.hot_spot_abs, hot_spot_rel=settings.hot_spot_rel, scraped=reloader is not None)
     limiter = forwarder.limiter = Limiter(RateLimitMetrics(metrics.registry), lambda: (
         rc.rate_limits if (rc := router_config.current) is not None else None), settings.workers)
     identity = IdentityService(settings, metrics.registry, lambda auth: setattr(forwarder, "auth", auth))
@@ -159,8 +164,10 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     selector.on_panic = panic
     applier = ConfigApplier(settings, holder, registry, metrics, traffic())
     applier.after_swap.append(pool_pruner(lambda: pool.h1))
+    applier.after_swap.append(pd_pairer.on_state)
     if reloader is not None:
         reloader.on_traffic = applier.set_traffic
+        reloader.pd_pairer = pd_pairer
     gc_monitor = GcMonitor(metrics.registry)
     loop_lag = LoopLagSampler(metrics.registry, on_tick=[gc_monitor.flush])
 
@@ -176,6 +183,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     registry.set_health_listener(health_changed)
     debug = DebugServer(settings.runtime_dir, {
         "kv_ownership": lambda: reloader.matcher.debug_view() if reloader is not None and reloader.matcher is not None else None,
+        "pd": pd_pairer.debug_view,
         "response_ids": lambda: {"count": len(forwarder.response_ids), "limit": forwarder.response_ids.limit},
     })
 

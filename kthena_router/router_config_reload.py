@@ -10,6 +10,9 @@ reloaded like the route config.
 - A file the router cannot use (invalid, or a pipeline Rust refuses) keeps the old one and
   is reported as a bad route config is: WARNING log, kthena_router_config_reloads_total
   {result="failure"}, the worker status' last_error.
+- The PD pairer (`pd_pairer`, set by the app) follows the `pd` section the same way: a
+  changed section builds (and checks) new side schedulers, installed with the configuration;
+  engine snapshots reach it too.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kthena_router import worker_status
 from kthena_router.config.errors import ConfigError, ConfigProblem
@@ -34,6 +37,9 @@ from kthena_router.scheduling.kv_matcher import KvAwareMatcher, event_source
 from kthena_router.scheduling.scheduler import Scheduler
 from kthena_router.settings import RouterSettings
 from kthena_router.state import RouterState, StateHolder
+
+if TYPE_CHECKING:  # pd.pairing imports this module (SwitchingBalancer)
+    from kthena_router.pd.pairing import PdBuild, PdPairer
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +151,7 @@ class RouterConfigReloader:
         self.scheduling = build_scheduling(rc.scheduler, rc.source, settings, metrics, selector)
         self.balancer = SwitchingBalancer(self.scheduling.scheduler)
         self.scraper: EngineStateScraper | None = None
+        self.pd_pairer: PdPairer | None = None  # follows the pd section and the engine snapshots
         # called with the new traffic section when a reload changes it (re-resolves servers)
         self.on_traffic: Callable[[TrafficSettings], None] | None = None
         self._latest = 0  # ticket of the newest configuration received
@@ -167,6 +174,8 @@ class RouterConfigReloader:
 
     def _on_snapshot(self, snap: EndpointSnapshot) -> None:
         self.scheduling.scheduler.on_snapshot(snap)
+        if self.pd_pairer is not None:
+            self.pd_pairer.on_snapshot(snap)
 
     def on_state(self, state: RouterState) -> None:
         """After every routing-state install: reconcile scorers and index, scrape exactly
@@ -195,10 +204,18 @@ class RouterConfigReloader:
     def on_config(self, rc: RouterConfiguration) -> None:
         self._latest += 1
         current = self.holder.current
+        pd_build = None
+        if self.pd_pairer is not None and (current is None or rc.pd != current.pd):
+            try:  # synchronous: Scorers only (a side with an unchanged pipeline is kept)
+                pd_build = self.pd_pairer.build(rc.pd, rc.source)
+            except ConfigError as err:
+                log.warning("invalid router configuration, keeping the previous one:\n%s", err)
+                self.on_error(err)
+                return
         if current is not None and rc.scheduler == current.scheduler:
-            self._install(rc, None)  # same pipeline: keep the live scheduler and what it learned
+            self._install(rc, None, pd_build)  # same pipeline: keep the live scheduler and what it learned
             return
-        task = asyncio.get_running_loop().create_task(self._rebuild(rc, self._latest))
+        task = asyncio.get_running_loop().create_task(self._rebuild(rc, self._latest, pd_build))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -206,7 +223,7 @@ class RouterConfigReloader:
         self.metrics.config_reload(False)
         worker_status.report_failed(self.settings, str(err))
 
-    async def _rebuild(self, rc: RouterConfiguration, ticket: int) -> None:
+    async def _rebuild(self, rc: RouterConfiguration, ticket: int, pd_build: PdBuild | None = None) -> None:
         try:
             new = build_scheduling(rc.scheduler, rc.source, self.settings, self.metrics, self.selector)
         except ConfigError as err:
@@ -222,14 +239,17 @@ class RouterConfigReloader:
             if new.matcher is not None:
                 await new.matcher.close()
             return
-        old = self._install(rc, new)
+        old = self._install(rc, new, pd_build)
         if old is not None and old.matcher is not None:
             await old.matcher.close()
 
-    def _install(self, rc: RouterConfiguration, new: Scheduling | None) -> Scheduling | None:
-        """Swap in the configuration (and a new scheduling) in one step; returns the old
-        scheduling when replaced."""
+    def _install(self, rc: RouterConfiguration, new: Scheduling | None,
+                 pd_build: PdBuild | None = None) -> Scheduling | None:
+        """Swap in the configuration (and a new scheduling, new PD side schedulers) in one
+        step; returns the old scheduling when replaced."""
         old = None
+        if pd_build is not None and self.pd_pairer is not None:
+            self.pd_pairer.install(pd_build)
         if new is not None:
             state = self.state_holder.current
             if state is not None:

@@ -11,14 +11,19 @@ pd:
 ```
 
 The decode hop keeps the server's usual timeouts (the `traffic` section / trafficPolicy).
+The parser is pd/config_parse.py (it reuses the scheduler-section parser).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kthena_router.config.model import DEFAULT_NAMESPACE
+
+if TYPE_CHECKING:  # scheduling.config imports this module
+    from kthena_router.scheduling.config import SchedulerSettings
 
 __all__ = ["DEFAULT_PD", "PdServerSettings", "PdSettings"]
 
@@ -31,9 +36,10 @@ class PdServerSettings:
 
 @dataclass(frozen=True, slots=True)
 class PdSettings:
-    # scheduling.config.SchedulerSettings of each side; None = that side's default pipeline
-    decode: object | None = None
-    prefill: object | None = None
+    # each side's pipeline; None = that side's default (config_parse.DECODE_DEFAULT /
+    # PREFILL_DEFAULT: decode least-request + gpu-usage, prefill prefix-cache + least-request)
+    decode: SchedulerSettings | None = None
+    prefill: SchedulerSettings | None = None
     defaults: PdServerSettings = PdServerSettings()
     servers: Mapping[str, PdServerSettings] = field(default_factory=dict)  # "namespace/name"
 

@@ -307,14 +307,18 @@ def _plugin_args(c: _Ctx, name: str, raw: Any, path: str) -> PluginArgs | None:
     return _ARG_CLASSES[name](**kwargs)  # type: ignore[no-any-return]
 
 
-def _scheduler(c: _Ctx, v: Any) -> SchedulerSettings | None:
-    m = _mapping(c, v, "scheduler", ("pluginConfig", "plugins"))
+def _scheduler(c: _Ctx, v: Any, path: str = "scheduler",
+               default: tuple[tuple[str, ...], tuple[ScorePlugin, ...]] = (DEFAULT_FILTERS, DEFAULT_SCORES),
+               ) -> SchedulerSettings | None:
+    """A Kthena scheduler mapping at `path` (`scheduler`, or `pd.decode` / `pd.prefill`);
+    `default`: (filters, scores) when it has no `plugins`."""
+    m = _mapping(c, v, path, ("pluginConfig", "plugins"))
     if m is None:
         return None
     args: dict[str, PluginArgs] = {n: cls() for n, cls in _ARG_CLASSES.items()}
     raw_args: dict[str, Mapping[str, Any]] = {}
-    for i, item in enumerate(_list(c, m.get("pluginConfig"), "scheduler.pluginConfig")):
-        p = f"scheduler.pluginConfig[{i}]"
+    for i, item in enumerate(_list(c, m.get("pluginConfig"), f"{path}.pluginConfig")):
+        p = f"{path}.pluginConfig[{i}]"
         im = _mapping(c, item, p, ("name", "args"))
         if im is None:
             continue
@@ -338,17 +342,18 @@ def _scheduler(c: _Ctx, v: Any) -> SchedulerSettings | None:
 
     plugins = m.get("plugins")
     if "plugins" not in m or plugins is None:
-        filters, scores, f_dis, s_dis = DEFAULT_FILTERS, DEFAULT_SCORES, (), ()
+        (filters, scores), f_dis, s_dis = default, (), ()
     else:
-        filters, scores, f_dis, s_dis = _plugins(c, plugins)
+        filters, scores, f_dis, s_dis = _plugins(c, plugins, f"{path}.plugins")
     return SchedulerSettings(filters, scores, MappingProxyType(args), MappingProxyType(raw_args), f_dis, s_dis)
 
 
-def _plugins(c: _Ctx, v: Any) -> tuple[tuple[str, ...], tuple[ScorePlugin, ...], tuple[str, ...], tuple[str, ...]]:
-    pm = _mapping(c, v, "scheduler.plugins", ("Filter", "Score"))
+def _plugins(c: _Ctx, v: Any, path: str = "scheduler.plugins",
+             ) -> tuple[tuple[str, ...], tuple[ScorePlugin, ...], tuple[str, ...], tuple[str, ...]]:
+    pm = _mapping(c, v, path, ("Filter", "Score"))
     if pm is None:
         return (), (), (), ()
-    fp = "scheduler.plugins.Filter"
+    fp = f"{path}.Filter"
     fm = _mapping(c, pm.get("Filter"), fp, ("enabled", "disabled")) or {}
     filters: list[str] = []
     for i, item in enumerate(_list(c, fm.get("enabled"), f"{fp}.enabled")):
@@ -360,7 +365,7 @@ def _plugins(c: _Ctx, v: Any) -> tuple[tuple[str, ...], tuple[ScorePlugin, ...],
                 filters.append(name)
     f_dis = tuple(str(x) for x in _list(c, fm.get("disabled"), f"{fp}.disabled"))
 
-    sp = "scheduler.plugins.Score"
+    sp = f"{path}.Score"
     sm = _mapping(c, pm.get("Score"), sp, ("enabled", "disabled")) or {}
     scores: list[ScorePlugin] = []
     for i, item in enumerate(_list(c, sm.get("enabled"), f"{sp}.enabled")):
@@ -398,13 +403,16 @@ def router_configuration_from_object(
 ) -> RouterConfiguration:
     """Validate one decoded routerConfiguration mapping (not the ConfigMap wrapper)."""
     c = _Ctx(source, document, Path(base_dir) if base_dir is not None else Path.cwd())
-    m = _mapping(c, obj, "", ("scheduler", "auth", "sessionSticky", "traffic", "rateLimits", "fairness"))
+    from ..pd.config_parse import parse_pd  # it imports this module (the scheduler-section parser)
+
+    m = _mapping(c, obj, "", ("scheduler", "auth", "sessionSticky", "traffic", "rateLimits", "fairness", "pd"))
     scheduler: SchedulerSettings | None = None
     auth = None
     sticky = None
     traffic = DEFAULT_TRAFFIC
     rate_limits = DEFAULT_RATE_LIMITS
     fairness = None
+    pd = DEFAULT_PD
     if m is not None:
         scheduler = _scheduler(c, m.get("scheduler"))
         traffic = parse_traffic(c, m.get("traffic"))
@@ -412,10 +420,11 @@ def router_configuration_from_object(
         sticky = parse_session_sticky(c, m.get("sessionSticky"))
         rate_limits = parse_rate_limits(c, m.get("rateLimits"))
         fairness = parse_fairness(c, m.get("fairness"))
+        pd = parse_pd(c, m.get("pd"))
     if c.problems or scheduler is None:
         raise ConfigError(c.problems or [ConfigProblem(source, document, "", "invalid configuration")])
     return RouterConfiguration(scheduler, auth, sticky, source, digest, tuple(c.warnings), traffic,
-                               rate_limits=rate_limits, fairness=fairness)
+                               rate_limits=rate_limits, fairness=fairness, pd=pd)
 
 
 def _load_yaml(text: str, source: str, document: str, first_index: int = 1) -> list[Any]:

@@ -15,8 +15,8 @@ PROMPT_PATHS = frozenset((CHAT_PATH, "/v1/completions"))
 
 
 class RequestInfo:
-    __slots__ = ("request_id", "path", "obj", "model", "lora", "model_label", "hashes", "prompt_bytes", "tokens",
-                 "tokens_ready")
+    __slots__ = ("request_id", "path", "obj", "model", "lora", "model_label", "hashes", "hash_tag", "prompt_bytes",
+                 "tokens", "tokens_ready")
 
     def __init__(self, request_id: str, path: str, obj: Any, model: str, lora: str, model_label: str) -> None:
         self.request_id = request_id
@@ -26,6 +26,9 @@ class RequestInfo:
         self.lora = lora  # adapter name, "" for the base model
         self.model_label = model_label  # the client's model name (metrics label)
         self.hashes: Any = None  # _core.BlockHashes of the prompt, set by the scheduler
+        # (block size, max blocks, seed) `hashes` were computed with: a second scheduler with
+        # the same prefix args (PD: decode and prefill sides) reuses them
+        self.hash_tag: tuple[int, int, int] | None = None
         self.prompt_bytes = 0  # length of the hashed prompt, set with `hashes`
         self.tokens: Any = None  # token ids, when tokenized ahead (off the event loop)
         self.tokens_ready = False

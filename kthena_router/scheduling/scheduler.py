@@ -236,16 +236,29 @@ class Scheduler:
             m.decision(view.label, out[0].key)
         return out
 
-    def _match(self, info: RequestInfo) -> tuple[list[tuple[int, int]] | None, int]:
-        prompt = info.prompt()
-        if prompt is None:
-            return None, 0
+    def approx_match(self, info: RequestInfo) -> tuple[list[tuple[int, int]] | None, int]:
+        """The prompt's match on this scheduler's approximate index: ([(endpoint id, matched
+        blocks)], total blocks); (None, 0) without a prompt we understand. The prompt is
+        rendered and hashed once per request and prefix args (kept on `info`)."""
         pa = self.prefix_args
-        hashes, matches = self.index.match_prompt(prompt, pa.block_size_to_hash, self._seed(info.model, info.lora),
-                                                  pa.max_blocks_to_match)
+        tag = (pa.block_size_to_hash, pa.max_blocks_to_match, self._seed(info.model, info.lora))
+        if info.hash_tag == tag:
+            hashes = info.hashes
+            return (None, 0) if hashes is None else (self.index.match_hashes(hashes), len(hashes))
+        prompt = info.prompt()
+        info.hash_tag = tag
+        if prompt is None:
+            info.hashes, info.prompt_bytes = None, 0
+            return None, 0
+        hashes, matches = self.index.match_prompt(prompt, pa.block_size_to_hash, tag[2], pa.max_blocks_to_match)
         info.hashes = hashes
         info.prompt_bytes = len(prompt)
-        total = len(hashes)
+        return matches, len(hashes)
+
+    def _match(self, info: RequestInfo) -> tuple[list[tuple[int, int]] | None, int]:
+        matches, total = self.approx_match(info)
+        if matches is None:
+            return None, 0
         if self.kv_aware:
             if self.kv_matcher is None:
                 self.metrics.kv_fallback_used(info.model_label, self._kv_fallback_reason)
@@ -308,7 +321,8 @@ class Scheduler:
         if ep_id is None:
             return
         prev = self._snapshots.get(snap.key)
-        if prev is None or prev.stale != snap.stale:
+        # never scraped and not stale: an assumed state (PD without a scraper), not a scrape
+        if (prev is None or prev.stale != snap.stale) and (snap.stale or snap.scraped_at is not None):
             self.metrics.set_metrics_stale(snap.key, snap.stale)
         self._snapshots[snap.key] = snap
         for view in self._views_of.get(snap.key, ()):
