@@ -275,3 +275,26 @@ def test_verification_on_by_default_and_insecure_skip_verify(router_b: harness.R
     assert ok.choices[0].message.content == "stub answer from skip"
     assert [s.path for s in stub.seen()] == ["/tls/chat/completions"]
     assert BEARER_KEY not in router_b.process.stdout() + router_b.process.stderr() + router_b.metrics_text()
+
+
+def test_reload_with_a_missing_secret_keeps_the_old_config(router_b: harness.Router, stub: StubProvider) -> None:
+    good = router_b.config_path.read_text()
+    docs = [
+        _ext_route("skip", "skip", [{"externalModelProviderName": "skip"}]),
+        _provider("skip", f"https://localhost:{stub.port}/tls", skip=True,
+                  auth={"secretRef": {"name": "gone", "key": "api-key"}}),
+    ]
+    harness.write_config(router_b.config_path, docs)
+    try:
+        r = router_b.reload()
+        assert r.status_code == 400
+        err = r.json()["error"]
+        assert err["field"] == "spec.auth.secretRef.name" and "ExternalModelProvider default/skip" in err["document"]
+        assert "Secret 'gone' not found" in err["message"]
+        stub.reset()
+        ok = router_b.openai().chat.completions.create(model="skip", messages=[{"role": "user", "content": "hi"}])
+        assert ok.choices[0].message.content == "stub answer from skip"
+        assert stub.seen()[0].headers["authorization"] == f"Bearer {BEARER_KEY}"  # the old provider, old key
+    finally:
+        harness.write_config(router_b.config_path, good)
+        assert router_b.reload().status_code == 200
