@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from kthena_router.access_log import AccessLog
 from kthena_router.config.loader import load_config_file
+from kthena_router.config.provider_settings import DEFAULT_PROVIDER_SETTINGS
 from kthena_router.config.traffic import DEFAULT_TRAFFIC, TrafficSettings
 from kthena_router.config.watcher import ConfigWatcher
 from kthena_router.config_applier import ConfigApplier
@@ -60,12 +61,14 @@ log = logging.getLogger(__name__)
 
 
 
-def pool_pruner(h1: Callable[[], H1Pool]) -> Callable[[RouterState], None]:
+def pool_pruner(h1: Callable[[], H1Pool],
+                external: Callable[[], set[tuple[str, int]]] = set) -> Callable[[RouterState], None]:
     """After a state swap: pod churn must not grow memory, so the upstream pool forgets
-    (and closes the idle connections of) every destination that is no longer a target."""
+    (and closes the idle connections of) every destination that is no longer a target
+    (`external`: the ExternalModelProviders' upstreams in use)."""
 
     def prune(state: RouterState) -> None:
-        h1().retain({(ep.ip, ep.port) for ep in EndpointRegistry.unique(state.targets)})
+        h1().retain({(ep.ip, ep.port) for ep in EndpointRegistry.unique(state.targets)} | external())
 
     return prune
 
@@ -163,7 +166,11 @@ def create_app(settings: RouterSettings | None = None) -> Any:
 
     selector.on_panic = panic
     applier = ConfigApplier(settings, holder, registry, metrics, traffic())
-    applier.after_swap.append(pool_pruner(lambda: pool.h1))
+    external = forwarder.external
+    external.provider_settings = lambda: (
+        rc.external_providers if (rc := router_config.current) is not None else DEFAULT_PROVIDER_SETTINGS)
+    applier.after_swap.append(lambda state: external.on_config(state.config.providers))
+    applier.after_swap.append(pool_pruner(lambda: pool.h1, external.live))
     applier.after_swap.append(pd_pairer.on_state)
     if reloader is not None:
         reloader.on_traffic = applier.set_traffic

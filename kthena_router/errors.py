@@ -77,3 +77,9 @@ async def send_error(send: Send, err: RequestError, extra_headers: Iterable[tupl
 def sse_error_event(message: str, type_: str = "upstream_error", code: int = 502) -> bytes:
     """The event that ends a stream that failed after bytes reached the client (no [DONE])."""
     return b"data: " + orjson.dumps(error_payload(code, message, type_, None, code)) + b"\n\n"
+
+
+def messages_error_event(message: str) -> bytes:
+    """The same for an Anthropic Messages stream, in its protocol (an `error` event)."""
+    return b"event: error\ndata: " + orjson.dumps(
+        {"type": "error", "error": {"type": "api_error", "message": message}}) + b"\n\n"

@@ -1,7 +1,9 @@
-"""YAML (Kthena's ModelRoute / ModelServer, plus our Endpoints kind) -> RouterConfig.
+"""YAML (Kthena's ModelRoute / ModelServer / ExternalModelProvider, Secrets, plus our
+Endpoints kind) -> RouterConfig.
 
 The orchestrator: splits a source into objects, dispatches each to its kind's parser
-(model_route, model_server, endpoint_set) and runs the cross-document checks. Every
+(model_route, model_server, endpoint_set, external_provider_parse) and runs the
+cross-document checks (route targets exist, provider credentials resolve). Every
 problem of a source is collected (not only the first) and raised as one ConfigError
 whose lines name file, document and field. Rules mirror Kthena's CRD validation; see
 configs/README.md for the format and the decisions taken here.
@@ -19,6 +21,9 @@ from typing import Any
 
 from .checks import Ctx, check_list, check_mapping, type_name
 from .endpoint_set import parse_endpoint_set
+from .external_provider import ExternalProvider
+from .external_provider_parse import PendingProvider, SecretDoc, parse_external_provider, parse_secret, \
+    resolve_credentials
 from .errors import ConfigError, ConfigProblem
 from .metadata import parse_metadata
 from .model import EndpointSet, ModelRoute, ModelServer, RouterConfig, route_priority
@@ -32,10 +37,12 @@ KTHENA_GROUP = "networking.serving.volcano.sh"
 OUR_GROUP = "router.kthena.io"
 API_KTHENA = f"{KTHENA_GROUP}/v1alpha1"
 API_OURS = f"{OUR_GROUP}/v1alpha1"
-_KINDS = {"ModelRoute": API_KTHENA, "ModelServer": API_KTHENA, "Endpoints": API_OURS}
-_LIST_KINDS = {"ModelRouteList": API_KTHENA, "ModelServerList": API_KTHENA, "EndpointsList": API_OURS}
+_KINDS = {"ModelRoute": API_KTHENA, "ModelServer": API_KTHENA, "ExternalModelProvider": API_KTHENA,
+          "Endpoints": API_OURS}
+_LIST_KINDS = {"ModelRouteList": API_KTHENA, "ModelServerList": API_KTHENA,
+               "ExternalModelProviderList": API_KTHENA, "EndpointsList": API_OURS, "SecretList": "v1"}
 # Kthena kinds of the networking group that the router does not serve yet: skipped.
-_SKIPPED_KTHENA_KINDS = {"ExternalModelProvider"}
+_SKIPPED_KTHENA_KINDS: set[str] = set()
 
 
 def load_config_file(path: str | os.PathLike[str]) -> RouterConfig:
@@ -86,6 +93,10 @@ class _Builder:
         # Every named ModelServer, valid or not: an invalid one is reported once, not
         # again as "not found" by each route that targets it.
         self.server_names: set[tuple[str, str]] = set()
+        self.providers: list[PendingProvider] = []
+        self.provider_names: set[tuple[str, str]] = set()
+        self.secrets: dict[tuple[str, str], SecretDoc] = {}
+        self.secret_labels: dict[tuple[str, str], str] = {}  # every Secret seen -> its document label
 
     # ---- documents and lists
 
@@ -123,6 +134,9 @@ class _Builder:
             c.err("apiVersion", "required field is missing")
             return
         group = api.rpartition("/")[0]
+        if kind == "Secret" and api == "v1":
+            self.add_secret(c, label, obj)
+            return
         if kind in _KINDS:
             if api != _KINDS[kind]:
                 c.label = f"{label} ({kind})"
@@ -155,6 +169,8 @@ class _Builder:
         self.seen[key] = label
         if kind == "ModelServer":
             self.server_names.add((meta.namespace, meta.name))
+        elif kind == "ExternalModelProvider":
+            self.provider_names.add((meta.namespace, meta.name))
         spec = obj.get("spec")
         if spec is None:
             return
@@ -166,21 +182,56 @@ class _Builder:
             server = parse_model_server(c, meta, spec, self.base_dir)
             if server is not None:
                 self.servers[server.key] = server
+        elif kind == "ExternalModelProvider":
+            pending = parse_external_provider(c, meta, spec, self.base_dir)
+            if pending is not None:
+                self.providers.append(pending)
         else:
             eps = parse_endpoint_set(c, meta, spec)
             if eps is not None:
                 self.endpoint_sets.append(eps)
 
+    def add_secret(self, c: Ctx, label: str, obj: dict[str, Any]) -> None:
+        """A Kubernetes Secret: only a provider's spec.auth.secretRef reads it."""
+        meta = parse_metadata(c, obj.get("metadata"))
+        if meta is None:
+            return
+        c.label = f"{label} (Secret {meta.namespace}/{meta.name})"
+        key = ("Secret", meta.namespace, meta.name)
+        if key in self.seen:
+            c.err("metadata.name", f"duplicate Secret {meta.namespace}/{meta.name} (first defined in {self.seen[key]})")
+            return
+        self.seen[key] = c.label
+        self.secret_labels[(meta.namespace, meta.name)] = c.label
+        secret = parse_secret(c, meta, obj)
+        if secret is not None:
+            self.secrets[(meta.namespace, meta.name)] = secret
+
     # ---- cross-document checks
 
     def finish(self, digest: str) -> RouterConfig:
+        providers: dict[tuple[str, str], ExternalProvider] = {}
+        for pp in self.providers:
+            resolved = resolve_credentials(pp, self.secrets, self.secret_labels)
+            if resolved is not None:
+                providers[resolved.key] = resolved
         for pr in self.routes:
             r = pr.route
             for i, rule in enumerate(r.rules):
                 for j, t in enumerate(rule.targets):
-                    if (r.namespace, t.model_server_name) not in self.server_names:
+                    tp = f"spec.rules[{i}].targetModels[{j}]"
+                    if t.external_model_provider_name is not None:
+                        name = t.external_model_provider_name
+                        if (r.namespace, name) not in self.provider_names:
+                            pr.ctx.err(f"{tp}.externalModelProviderName",
+                                       f"ExternalModelProvider {name!r} not found in namespace {r.namespace!r}")
+                        elif r.lora_adapters:
+                            pr.ctx.err(f"{tp}.externalModelProviderName",
+                                       "a route with loraAdapters cannot target an ExternalModelProvider "
+                                       "(LoRA adapters are served by in-cluster engines only)")
+                    elif (r.namespace, t.model_server_name) not in self.server_names:
                         pr.ctx.err(
-                            f"spec.rules[{i}].targetModels[{j}].modelServerName",
+                            f"{tp}.modelServerName",
                             f"ModelServer {t.model_server_name!r} not found in namespace {r.namespace!r}",
                         )
         if self.problems:
@@ -192,6 +243,7 @@ class _Builder:
             endpoint_sets=tuple(self.endpoint_sets),
             source=self.source,
             digest=digest,
+            providers=providers,
         )
         warnings = self.warnings + _conflict_warnings(routes)
         for s in cfg.servers.values():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +18,7 @@ class ObjectMeta:
     namespace: str
     annotations: dict[str, str]
     creation_timestamp: datetime | None
+    labels: dict[str, str] = field(default_factory=dict)  # used by Secrets (Kthena's credential label)
 
 
 def parse_metadata(c: Ctx, v: Any) -> ObjectMeta | None:
@@ -27,7 +28,7 @@ def parse_metadata(c: Ctx, v: Any) -> ObjectMeta | None:
     if not isinstance(v, dict):
         c.err("metadata", f"must be a mapping, got {type_name(v)}")
         return None
-    # Other metadata (labels, uid, managedFields, ...) is accepted and not used, so that
+    # Other metadata (uid, managedFields, ...) is accepted and not used, so that
     # `kubectl get -o yaml` output loads as it is (it describes, it configures nothing).
     before = len(c.problems)
     name = check_str(c, v.get("name"), "metadata.name")
@@ -35,8 +36,8 @@ def parse_metadata(c: Ctx, v: Any) -> ObjectMeta | None:
         c.err("metadata.name", "required field is missing")
     namespace = check_str(c, v.get("namespace"), "metadata.namespace") or DEFAULT_NAMESPACE
     annotations = check_labels(c, v.get("annotations"), "metadata.annotations")
-    check_labels(c, v.get("labels"), "metadata.labels")
+    labels = check_labels(c, v.get("labels"), "metadata.labels")
     ts = check_timestamp(c, v.get("creationTimestamp"), "metadata.creationTimestamp")
     if name is None or len(c.problems) > before:
         return None
-    return ObjectMeta(name, namespace, annotations, ts)
+    return ObjectMeta(name, namespace, annotations, ts, labels)

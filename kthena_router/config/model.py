@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .external_provider import ExternalProvider
+
 DEFAULT_NAMESPACE = "default"
 DEFAULT_PORT = 8000  # vLLM's default; used when a ModelServer has no workloadPort
 DEFAULT_SESSION_AFFINITY_SECONDS = 10800  # Kthena's, when sessionAffinitySeconds is unset
@@ -49,8 +51,9 @@ class StringMatch:
 
 @dataclass(frozen=True, slots=True)
 class TargetModel:
-    model_server_name: str
+    model_server_name: str | None  # exactly one of this and external_model_provider_name
     weight: int | None = None  # None = unweighted (all targets of a rule alike)
+    external_model_provider_name: str | None = None  # a third-party API (config.external_provider)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +179,8 @@ class RouterConfig:
     source: str  # file path (or "<string>", or a Kubernetes description)
     digest: str  # sha256 hex of the source bytes
     warnings: tuple[str, ...] = ()  # non-fatal findings, e.g. route conflicts
+    # ExternalModelProviders by (namespace, name), credentials resolved (repr=False inside)
+    providers: dict[tuple[str, str], ExternalProvider] = field(default_factory=dict)
 
     def endpoints_of(self, server: ModelServer) -> list[Endpoint]:
         """Endpoints of the server's namespace whose labels include its matchLabels.

@@ -132,13 +132,22 @@ def _targets(c: Ctx, v: Any, path: str) -> tuple[TargetModel, ...] | None:
     out: list[TargetModel] = []
     for j, t in enumerate(lst):
         tp = f"{path}[{j}]"
-        m = check_mapping(c, t, tp, ("modelServerName", "weight"), required=("modelServerName",))
+        m = check_mapping(c, t, tp, ("modelServerName", "externalModelProviderName", "weight"))
         if m is None:
             continue
-        name = check_str(c, m.get("modelServerName"), join_path(tp, "modelServerName"))
+        # Kthena's CEL rule: exactly one of the two names, non-empty
+        server = check_str(c, m.get("modelServerName"), join_path(tp, "modelServerName"), allow_empty=True)
+        ext = check_str(c, m.get("externalModelProviderName"), join_path(tp, "externalModelProviderName"),
+                        allow_empty=True)
+        bad_type = (m.get("modelServerName") is not None and server is None) or \
+            (m.get("externalModelProviderName") is not None and ext is None)
+        if bool(server) == bool(ext):
+            if not bad_type:
+                c.err(tp, "exactly one of modelServerName or externalModelProviderName must be set")
+            continue
         weight = check_int(c, m.get("weight"), join_path(tp, "weight"), 0, 100)
-        if name is not None and (m.get("weight") is None or weight is not None):
-            out.append(TargetModel(name, weight))
+        if m.get("weight") is None or weight is not None:
+            out.append(TargetModel(server or None, weight, ext or None))
     if len(out) != len(lst):
         return None
     weighted = [t.weight is not None for t in out]

@@ -159,8 +159,8 @@ class Executor:
                 else:  # response_at set, or only the total deadline (phase unused then)
                     phase = f"no response headers within the response timeout ({t.response_s or 0:g}s)"
                 return AttemptFailure(Failure.TIMEOUT, timeout_detail(x, exc, head_at, phase))
-            except UpstreamConnectError:
-                return AttemptFailure(Failure.CONNECT, "connection failed")
+            except UpstreamConnectError as exc:
+                return AttemptFailure(Failure.CONNECT, str(exc))
             except PoolExhausted as exc:
                 raise RequestError(503, f"the router is overloaded: {exc}; retry later",
                                    code="pool_exhausted") from None

@@ -37,6 +37,7 @@ from kthena_router.proxy.body import ClientDisconnected, content_length, needs_u
     read_body, rewrite
 from kthena_router.proxy.by_id import pinned_endpoint, stored_at
 from kthena_router.proxy.executor import Executor
+from kthena_router.proxy.external import ExternalDispatcher
 from kthena_router.proxy.headers import RequestHeaders, response_headers
 from kthena_router.proxy.paths import RESPONSES_PATH, ApiPath, request_line, resolve
 from kthena_router.proxy.relay import Exchange, Message, Receive, Scope, Send
@@ -44,7 +45,7 @@ from kthena_router.proxy.response_ids import ResponseIds, StoredAt
 from kthena_router.proxy.sse import StreamEnd
 from kthena_router.proxy.upstream import Response, UpstreamPool
 from kthena_router.ratelimit.limiter import Limiter
-from kthena_router.routing.table import RouteMatch, RouteNotFound
+from kthena_router.routing.table import ExternalMatch, RouteMatch, RouteNotFound
 from kthena_router.scheduling.request import RequestInfo
 from kthena_router.session import Pin, SessionAffinity
 from kthena_router.settings import RouterSettings
@@ -108,6 +109,7 @@ class Forwarder:
         self.holder = holder
         self.metrics = metrics
         self.executor = executor or Executor(settings, pool, balancer, metrics, prober)
+        self.external = ExternalDispatcher(settings, pool, metrics, prober)  # ExternalModelProvider targets
         self.needs_info = balancer.needs_request_info
         self.limiter: Limiter | None = None  # token rate limits (app.py sets it)
         self.sticky = sticky or SessionAffinity(settings.runtime_dir, metrics, lambda: None)
@@ -210,8 +212,9 @@ class _Request(Exchange):
                                               self.header_map, self.fw.rng)
                 except RouteNotFound as exc:
                     raise RequestError(404, exc.message, param="model") from None
-                targets = state.targets.get(match.server.key, ())
-                pinned = self._pinned(api, body, targets)
+                external = type(match) is ExternalMatch  # a third-party API: no pods (proxy/external.py)
+                targets = () if external else state.targets.get(match.server.key, ())
+                pinned = None if external else self._pinned(api, body, targets)
                 self.model_label = body.model
                 downstream = self.fw.metrics.downstream(body.model)
                 downstream.inc()
@@ -221,11 +224,15 @@ class _Request(Exchange):
                 if limiter is not None and (plan := limiter.plan(match.route, self.identity)) is not None:
                     self.rl = await plan.admit(self, body, self.identity)  # 429 / 400 / 503
                 # After admission: a refused request costs no session-store round trip.
-                if pinned is None and match.route.session_sticky is not None:
+                if pinned is None and match.route.session_sticky is not None and not external:
                     self.pin = await self.fw.sticky.lookup(
                         match.route, self.header_map, raw_headers, self.scope.get("query_string", b""),
                         self.identity.claims, targets)
-                await self._forward(body, match, targets, pinned, state.traffic_of(match.server.key))
+                if type(match) is ExternalMatch:
+                    await self.fw.external.run(self, body, match, state.traffic, self.header_map,
+                                               self.scope.get("query_string", b""))
+                else:
+                    await self._forward(body, match, targets, pinned, state.traffic_of(match.server.key))
             except RequestError as err:
                 self.status = err.status
                 self.error_type = err.type

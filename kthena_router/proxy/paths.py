@@ -37,6 +37,7 @@ _JSON_APIS = {
     "/v1/chat/completions": StreamEnd.DONE,
     "/v1/completions": StreamEnd.DONE,
     "/v1/responses": StreamEnd.RESPONSES,
+    "/v1/messages": StreamEnd.MESSAGES,  # Anthropic Messages API (vLLM serves it; external providers)
     "/v1/embeddings": StreamEnd.EOF,
     "/v1/score": StreamEnd.EOF,
     "/v1/rerank": StreamEnd.EOF,

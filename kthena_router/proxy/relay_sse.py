@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 
 from kthena_router.endpoints.health import Failure
-from kthena_router.errors import sse_error_event
+from kthena_router.errors import messages_error_event, sse_error_event
 from kthena_router.proxy.relay import AttemptFailure, Exchange, earliest, int_or_none, timeout_detail
-from kthena_router.proxy.sse import InvalidStream, SseRelay
+from kthena_router.proxy.sse import InvalidStream, SseRelay, StreamEnd
 from kthena_router.proxy.upstream import Response, UpstreamError, UpstreamTimeout
 
 
@@ -91,9 +91,10 @@ class SseStreamRelay:
             # Bytes reached the client: no retry; end with an error event and no [DONE].
             x.status, x.error_type = 502, "upstream_error_after_first_byte"
             x.last_send()
+            msg = f"upstream failed during the stream ({detail or failure.value}); the response is incomplete"
             await send({"type": "http.response.body", "more_body": False,
-                        "body": sse_error_event("upstream failed during the stream "
-                                                f"({detail or failure.value}); the response is incomplete")})
+                        "body": messages_error_event(msg) if x.stream_end is StreamEnd.MESSAGES
+                        else sse_error_event(msg)})
         else:
             x.response_id = relay.response_id
             if not ended:

@@ -7,8 +7,9 @@ matter (`"usage"`, `[DONE]`, a terminal event name), so plain token events pass 
 
 How a stream ends depends on the API (`StreamEnd`): chat and text completions with a
 `data: [DONE]` event; the Responses API (vLLM, OpenAI) with a `response.completed`,
-`response.incomplete` or `response.failed` event and no [DONE]; anything else with a
-clean end of the chunked body. `ended` says the terminator has been seen; `clean_eof()`
+`response.incomplete` or `response.failed` event and no [DONE]; the Anthropic Messages
+API (/v1/messages) with a `message_stop` (or its `error`) event and no [DONE]; anything
+else with a clean end of the chunked body. `ended` says the terminator has been seen; `clean_eof()`
 whether the body ending now is a complete stream.
 """
 
@@ -25,12 +26,15 @@ _FIELD_STARTS = (b"data:", b"event:", b"id:", b"retry:", b":")
 _RESPONSE_TERMINALS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _TERMINAL_HINTS = (b"response.completed", b"response.incomplete", b"response.failed")
 _CREATED_HINT = b"response.created"
+_MESSAGES_HINTS = (b"message_start", b"message_delta", b"message_stop", b"error")
+_MESSAGES_TERMINALS = frozenset({"message_stop", "error"})
 
 
 class StreamEnd(enum.Enum):
     DONE = "done"            # data: [DONE]
     RESPONSES = "responses"  # a terminal response.* event
     EOF = "eof"              # no terminator: the end of the body
+    MESSAGES = "messages"    # Anthropic Messages API: a message_stop (or error) event
 
 
 class InvalidStream(Exception):
@@ -90,7 +94,7 @@ class SseRelay:
     """Per-request state of one streamed response."""
 
     __slots__ = ("hide_usage", "end", "usage", "ended", "started", "response_id", "_pending", "_responses",
-                 "_done")
+                 "_done", "_messages")
 
     def __init__(self, hide_usage: bool, end: StreamEnd = StreamEnd.DONE) -> None:
         self.hide_usage = hide_usage
@@ -102,6 +106,7 @@ class SseRelay:
         self._pending = b""
         self._responses = end is StreamEnd.RESPONSES  # (enum member lookups cost on every read)
         self._done = end is StreamEnd.DONE
+        self._messages = end is StreamEnd.MESSAGES
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to forward for this read (maybe b""); raises InvalidStream on garbage."""
@@ -129,6 +134,10 @@ class SseRelay:
             raise InvalidStream("response is not an event stream")
         if self._responses:
             self._responses_events(out)
+            return out
+        if self._messages:
+            if any(h in out for h in _MESSAGES_HINTS):
+                self._messages_events(out)
             return out
         if _USAGE in out:
             out = self._take_usage(out)
@@ -186,6 +195,40 @@ class SseRelay:
                     self.usage = {"prompt_tokens": usage.get("input_tokens"),
                                   "completion_tokens": usage.get("output_tokens"),
                                   "total_tokens": usage.get("total_tokens")}
+
+    def _messages_events(self, out: bytes) -> None:
+        """Anthropic: input tokens in message_start, output tokens (cumulative) in
+        message_delta; message_stop, or an error event, ends the stream."""
+        for event in out.split(b"\n\n"):
+            name, data = _fields(event)
+            if data is None or name is None:
+                continue
+            kind = name.decode("latin-1")
+            if kind not in ("message_start", "message_delta") and kind not in _MESSAGES_TERMINALS:
+                continue
+            if kind in _MESSAGES_TERMINALS:
+                self.ended = True
+                continue
+            obj = _json(data)
+            if type(obj) is not dict:
+                continue
+            if kind == "message_start":
+                msg = obj.get("message")
+                usage = msg.get("usage") if type(msg) is dict else None
+            else:
+                usage = obj.get("usage")
+            if type(usage) is not dict:
+                continue
+            current = self.usage or {}
+            prompt = current.get("prompt_tokens")
+            if kind == "message_start":
+                parts = [usage.get(k) for k in ("input_tokens", "cache_creation_input_tokens",
+                                                "cache_read_input_tokens")]
+                prompt = sum(p for p in parts if type(p) is int)
+            completion = usage.get("output_tokens")
+            self.usage = {"prompt_tokens": prompt,
+                          "completion_tokens": completion if type(completion) is int
+                          else current.get("completion_tokens")}
 
     def clean_eof(self) -> bool:
         """The engine's body ended now: was the stream complete?"""

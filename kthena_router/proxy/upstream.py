@@ -286,6 +286,8 @@ class H1Pool:
             self._forget_count()
             if isinstance(exc, TimeoutError):
                 raise UpstreamConnectError("connect timeout") from None
+            if isinstance(exc, ssl.SSLCertVerificationError):  # the reason, not the peer's address
+                raise UpstreamConnectError(f"TLS certificate verification failed: {exc.verify_message}") from None
             if isinstance(exc, (OSError, ssl.SSLError)):
                 raise UpstreamConnectError(f"connection failed ({type(exc).__name__})") from None
             raise

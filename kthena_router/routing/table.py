@@ -13,6 +13,7 @@ Behaviour follows Kthena's router (pkg/kthena-router/datastore/store.go):
 - rules are tried in order, first match wins; an empty modelMatch matches everything;
 - weighted targets are a traffic split (integer draw over the weight sum, weight 0
   never chosen); unweighted targets are an even split (Kthena counts each as weight 1).
+  A target may be an ExternalModelProvider (an `ExternalMatch`), in the same split.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..config.external_provider import ExternalProvider
 from ..config.model import ModelRoute, ModelServer, RouteRule, RouterConfig, StringMatch, route_priority
 
-__all__ = ["RouteMatch", "RouteNotFound", "RouteTable"]
+__all__ = ["ExternalMatch", "RouteMatch", "RouteNotFound", "RouteTable"]
 
 
 class RouteNotFound(Exception):
@@ -47,18 +49,37 @@ class RouteMatch:
     is_lora: bool
 
 
+@dataclass(frozen=True, slots=True)
+class ExternalMatch:
+    """A rule's target that is a third-party API (kthena_router.proxy.external)."""
+
+    route: ModelRoute
+    rule: RouteRule
+    provider: ExternalProvider
+    upstream_model: str | None  # spec.model override; None: the client's model goes as is
+
+
 class _Rule:
     """A RouteRule with its predicates and prebuilt (non-LoRA) matches per target."""
 
-    __slots__ = ("headers", "uri", "body_model", "cum", "total", "matches", "rule", "route", "servers")
+    __slots__ = ("headers", "uri", "body_model", "cum", "total", "matches", "rule", "route")
 
-    def __init__(self, route: ModelRoute, rule: RouteRule, servers: dict[tuple[str, str], ModelServer]):
+    def __init__(self, route: ModelRoute, rule: RouteRule, cfg: RouterConfig):
         self.route = route
         self.rule = rule
         self.headers: tuple[tuple[str, StringMatch], ...] = tuple(rule.headers.items())
         self.uri = rule.uri
         self.body_model = rule.body_model
-        self.servers = tuple(servers[(route.namespace, t.model_server_name)] for t in rule.targets)
+        ns = route.namespace
+        matches: list[RouteMatch | ExternalMatch] = []
+        for t in rule.targets:
+            if t.model_server_name is not None:
+                srv = cfg.servers[(ns, t.model_server_name)]
+                matches.append(RouteMatch(route, rule, srv, srv.model or route.model_name or "", False))
+            else:  # the loader checked that exactly one name is set and that it exists
+                prov = cfg.providers[(ns, t.external_model_provider_name or "")]
+                matches.append(ExternalMatch(route, rule, prov, prov.model))
+        self.matches = tuple(matches)
         if rule.targets and rule.targets[0].weight is not None:
             cum, acc = [], 0
             for t in rule.targets:
@@ -69,9 +90,6 @@ class _Rule:
         else:
             self.cum = None  # even split
             self.total = len(rule.targets)
-        self.matches = tuple(
-            RouteMatch(route, rule, s, s.model or route.model_name or "", False) for s in self.servers
-        )
 
     def holds(self, model: str, path: str, headers: Mapping[str, str]) -> bool:
         if self.body_model is not None and model != self.body_model:
@@ -104,7 +122,7 @@ class RouteTable:
         by_model: dict[str, list[_Rule]] = {}
         by_lora: dict[str, list[_Rule]] = {}
         for route in routes:
-            rules = [_Rule(route, rule, cfg.servers) for rule in route.rules]
+            rules = [_Rule(route, rule, cfg) for rule in route.rules]
             if route.model_name:
                 by_model.setdefault(route.model_name, []).extend(rules)
             for adapter in route.lora_adapters:
@@ -133,7 +151,8 @@ class RouteTable:
         """(name, is_lora) for /v1/models, in source order, base models first."""
         return list(self._names)
 
-    def match(self, model: str, path: str, headers: Mapping[str, str], rng: random.Random) -> RouteMatch:
+    def match(self, model: str, path: str, headers: Mapping[str, str],
+              rng: random.Random) -> RouteMatch | ExternalMatch:
         """``headers`` must be keyed by lower-case names (or case-insensitive, as
         starlette's Headers). Raises RouteNotFound."""
         rules = self._by_model.get(model)
@@ -146,7 +165,7 @@ class RouteTable:
         for r in rules:
             if r.holds(model, path, headers):
                 m = r.matches[r.pick(rng)]
-                if is_lora:
+                if is_lora and type(m) is RouteMatch:  # (the loader keeps providers off LoRA routes)
                     # LoRA requests keep the adapter name: the engine serves it by that name.
                     return RouteMatch(m.route, m.rule, m.server, model, True)
                 return m

@@ -34,6 +34,8 @@ from typing import Any
 import yaml
 
 from ..config.errors import ConfigError, ConfigProblem
+from ..config.provider_settings import DEFAULT_PROVIDER_SETTINGS, ExternalProvidersSettings, \
+    parse_external_providers
 from ..config.traffic import DEFAULT_TRAFFIC, TrafficSettings, parse_traffic
 from ..ratelimit.config import DEFAULT_RATE_LIMITS, RateLimitSettings, parse_rate_limits
 from ..fairness.config import FairnessSettings, parse_fairness
@@ -151,6 +153,8 @@ class RouterConfiguration:
     rate_limits: RateLimitSettings = DEFAULT_RATE_LIMITS  # ours: rateLimits (kthena_router/ratelimit)
     fairness: FairnessSettings | None = None  # ours: fair queuing (None: section absent, off)
     pd: PdSettings = DEFAULT_PD  # ours: prefill/decode pairing and hops (kthena_router/pd)
+    # ours: trust store, timeouts and retries of ExternalModelProviders (config/provider_settings.py)
+    external_providers: ExternalProvidersSettings = DEFAULT_PROVIDER_SETTINGS
 
 
 # Our pipeline when the file has no `scheduler` (Kthena's Helm chart default).
@@ -405,7 +409,8 @@ def router_configuration_from_object(
     c = _Ctx(source, document, Path(base_dir) if base_dir is not None else Path.cwd())
     from ..pd.config_parse import parse_pd  # it imports this module (the scheduler-section parser)
 
-    m = _mapping(c, obj, "", ("scheduler", "auth", "sessionSticky", "traffic", "rateLimits", "fairness", "pd"))
+    m = _mapping(c, obj, "", ("scheduler", "auth", "sessionSticky", "traffic", "rateLimits", "fairness", "pd",
+                              "externalProviders"))
     scheduler: SchedulerSettings | None = None
     auth = None
     sticky = None
@@ -413,6 +418,7 @@ def router_configuration_from_object(
     rate_limits = DEFAULT_RATE_LIMITS
     fairness = None
     pd = DEFAULT_PD
+    external = DEFAULT_PROVIDER_SETTINGS
     if m is not None:
         scheduler = _scheduler(c, m.get("scheduler"))
         traffic = parse_traffic(c, m.get("traffic"))
@@ -421,10 +427,11 @@ def router_configuration_from_object(
         rate_limits = parse_rate_limits(c, m.get("rateLimits"))
         fairness = parse_fairness(c, m.get("fairness"))
         pd = parse_pd(c, m.get("pd"))
+        external = parse_external_providers(c, m.get("externalProviders"), c.base_dir)
     if c.problems or scheduler is None:
         raise ConfigError(c.problems or [ConfigProblem(source, document, "", "invalid configuration")])
     return RouterConfiguration(scheduler, auth, sticky, source, digest, tuple(c.warnings), traffic,
-                               rate_limits=rate_limits, fairness=fairness, pd=pd)
+                               rate_limits=rate_limits, fairness=fairness, pd=pd, external_providers=external)
 
 
 def _load_yaml(text: str, source: str, document: str, first_index: int = 1) -> list[Any]:
