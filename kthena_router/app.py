@@ -44,6 +44,7 @@ from kthena_router.gc_tuning import GcMonitor, freeze_startup_heap
 from kthena_router.identity.service import IdentityService
 from kthena_router.loop_lag import LoopLagSampler
 from kthena_router.metrics import RouterMetrics, ensure_multiprocess
+from kthena_router.pd.config import DEFAULT_PD
 from kthena_router.proxy.forward import Forwarder, Receive, Scope, Send
 from kthena_router.proxy.upstream import H1Pool, UpstreamPool
 from kthena_router.ratelimit.limiter import Limiter
@@ -143,6 +144,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     sticky = SessionAffinity(settings.runtime_dir, metrics,
                              lambda: rc.session_sticky if (rc := rc_holder.current) is not None else None)
     forwarder = Forwarder(settings, holder, pool, balancer, metrics, prober, access_log=access_log, sticky=sticky)
+    forwarder.pd_settings = lambda: rc.pd if (rc := router_config.current) is not None else DEFAULT_PD
     limiter = forwarder.limiter = Limiter(RateLimitMetrics(metrics.registry), lambda: (
         rc.rate_limits if (rc := router_config.current) is not None else None), settings.workers)
     identity = IdentityService(settings, metrics.registry, lambda auth: setattr(forwarder, "auth", auth))
