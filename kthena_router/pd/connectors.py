@@ -67,12 +67,13 @@ class HopBodies:
             prefill.append(_PREFILL_KV)
         self._prefill: bytes | None = None if connector == SGLANG_BOOTSTRAP else splice(body, prefill)
         self._prefill_reps = prefill
-        # decode bytes that do not depend on the pair (http, lmcache; decode-only pairs)
-        self._decode = splice(body, decode)
+        self._decode: bytes | None = None
 
     @property
     def plain_decode(self) -> bytes:
-        """The decode hop of http/lmcache pairs, and of a decode-only pair."""
+        """The decode hop of http/lmcache pairs, and of a decode-only pair (built once, on first use)."""
+        if self._decode is None:
+            self._decode = splice(self.body, self.decode_reps)
         return self._decode
 
     @property

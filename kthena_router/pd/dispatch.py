@@ -203,7 +203,7 @@ class PdDispatcher:
                 if (pout.failure is not None or pout.status >= 400) and not x.committed:
                     dtask.cancel()  # its KV will never come
                     with contextlib.suppress(asyncio.CancelledError):
-                        dres = await dtask
+                        await dtask
                     if x.committed:  # answered while being cancelled: it stands
                         return None
                     if pout.failure is not None:
@@ -214,6 +214,9 @@ class PdDispatcher:
             dres = dtask.result()
             if dres is not None or x.status != 200:  # decode failed or refused: nobody will claim the KV
                 ptask.cancel()
+            else:  # its reply follows the KV push the decode has used: wait for it (health record)
+                with contextlib.suppress(Exception):
+                    await ptask
             return dres
         finally:
             for task in (ptask, dtask):

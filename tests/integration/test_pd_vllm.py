@@ -38,7 +38,8 @@ def _config(sim: harness.Simulator) -> list[dict]:
     p = sim.ports
     docs: list[dict] = []
     for c in CONNECTORS:
-        docs += [harness.route_doc(f"pd-{c}", f"pd-{c}", f"pd-{c}"), pdh.pd_server(f"pd-{c}", {"app": "pd"}, connector=c)]
+        docs += [harness.route_doc(f"pd-{c}", f"pd-{c}", f"pd-{c}"),
+                 pdh.pd_server(f"pd-{c}", {"app": "pd"}, connector=c)]
     docs += [
         harness.route_doc("pd-single", "pd-single", "pd-single"),
         pdh.pd_server("pd-single", {"app": "pd", "group": "a"}, connector="nixl"),
