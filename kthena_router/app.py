@@ -151,6 +151,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     pd_pairer = forwarder.pd_pairer = PdPairer(  # follows states (after_swap) and, with a reloader, the pd section
         rc.pd if (rc := router_config.current) is not None else DEFAULT_PD, metrics, selector=selector,
         hot_spot_abs=settings.hot_spot_abs, hot_spot_rel=settings.hot_spot_rel, scraped=reloader is not None)
+    forwarder.pd_settings = lambda: rc.pd if (rc := router_config.current) is not None else DEFAULT_PD
     limiter = forwarder.limiter = Limiter(RateLimitMetrics(metrics.registry), lambda: (
         rc.rate_limits if (rc := router_config.current) is not None else None), settings.workers)
     identity = IdentityService(settings, metrics.registry, lambda auth: setattr(forwarder, "auth", auth))

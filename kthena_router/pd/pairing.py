@@ -48,7 +48,7 @@ from kthena_router.scheduling.scheduler import Scheduler
 
 from .config import DEFAULT_PD, PdServerSettings, PdSettings
 from .config_parse import side_settings
-from .metrics import PdMetrics
+from .pairing_metrics import PdPairingMetrics
 from .topology import PdTopology
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class PdPairer:
                  selector: EndpointSelector | None = None, hot_spot_abs: float = 64.0, hot_spot_rel: float = 1.5,
                  scraped: bool = False, source: str = "<pd defaults>") -> None:
         self.metrics = metrics if metrics is not None else RouterMetrics(CollectorRegistry())
-        self.pd_metrics = PdMetrics(self.metrics.registry)
+        self.pd_metrics = PdPairingMetrics(self.metrics.registry)
         self._selector = _ServerSelector(selector if selector is not None else EndpointSelector())
         self._hot = (hot_spot_abs, hot_spot_rel)
         self.scraped = scraped  # an EngineStateScraper feeds on_snapshot (else: _idle)

@@ -164,12 +164,22 @@ def needs_usage_injection(body: ParsedBody) -> bool:
 
 def rewrite(body: ParsedBody, upstream_model: str | None, inject_usage: bool) -> bytes:
     """Bytes for the engine: the original ones unless "model"/"stream_options" change."""
-    replacements: list[tuple[bytes, bytes]] = []
-    if upstream_model is not None and upstream_model != body.model:
-        replacements.append((b"model", orjson.dumps(upstream_model)))
+    replacements = model_replacement(body, upstream_model)
     if inject_usage:
         options = body.obj.get("stream_options") or {}
         replacements.append((b"stream_options", orjson.dumps({**options, "include_usage": True})))
+    return splice(body, replacements)
+
+
+def model_replacement(body: ParsedBody, upstream_model: str | None) -> list[tuple[bytes, bytes]]:
+    """The "model" member the engine needs (none when the client's name is the engine's)."""
+    if upstream_model is not None and upstream_model != body.model:
+        return [(b"model", orjson.dumps(upstream_model))]
+    return []
+
+
+def splice(body: ParsedBody, replacements: list[tuple[bytes, bytes]]) -> bytes:
+    """The body with these top-level members set (raw JSON values); the rest verbatim."""
     if not replacements:
         return body.raw
     if _splice is not None:

@@ -106,7 +106,7 @@ class Executor:
             tried += 1
             pending = ep.health.begin()  # stall tracking until the outcome is known
             try:
-                last = await self._attempt(x, ep, head, tail, payload, info, pending)
+                last = await self.attempt(x, ep, head, tail, payload, info, pending)
             except BaseException:
                 ep.health.abandon(pending)
                 raise
@@ -122,10 +122,13 @@ class Executor:
             raise RequestError(504, f"upstream timed out: {last.detail} ({tried} attempt(s))", code=504)
         raise RequestError(502, f"upstream request failed ({last.detail}; {tried} attempt(s))", code=502)
 
-    async def _attempt(self, x: Exchange, ep: EndpointState, head: bytes, tail: bytes, payload: bytes,
-                       info: Any, pending: Pending) -> AttemptFailure | None:
-        """One upstream attempt; None when a complete response went to the client."""
-        balancer = self.balancer
+    async def attempt(self, x: Exchange, ep: EndpointState, head: bytes, tail: bytes, payload: bytes,
+                      info: Any, pending: Pending, feedback: Any = None,
+                      stream_relay: Relay | None = None) -> AttemptFailure | None:
+        """One upstream attempt; None when a complete response went to the client.
+        `feedback` receives dispatched/finished/observe_prompt_tokens (default: the balancer;
+        the PD dispatcher passes its pairer's decode side), `stream_relay` replaces the SSE relay."""
+        balancer = self.balancer if feedback is None else feedback
         gauge = self.metrics.upstream(x.route_label, x.server_label, ep.key)
         gauge.inc()
         conn: H1Conn | None = None
@@ -177,7 +180,7 @@ class Executor:
                 return AttemptFailure(Failure.HTTP_5XX, f"upstream HTTP {status}")
             if status == 200 and x.stream and resp.content_type.startswith("text/event-stream") \
                     and not content_encoded(resp.raw_headers):  # compressed anyway: relayed as is
-                return await self.stream_relay.relay(x, resp)
+                return await (stream_relay or self.stream_relay).relay(x, resp)
             resp.set_timeouts(t.idle_s, x.deadline)
             return await self.buffered_relay.relay(x, resp)
         finally:

@@ -21,6 +21,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kthena_router.config.traffic import Admission, ServerTraffic
@@ -33,8 +34,14 @@ from kthena_router.fairness.gate import FairnessGate
 from kthena_router.identity.authenticate import Authenticator
 from kthena_router.identity.model import ANONYMOUS, Identity
 from kthena_router.metrics import RouterMetrics
-from kthena_router.proxy.body import ClientDisconnected, content_length, needs_usage_injection, parse_body, \
-    read_body, rewrite
+from kthena_router.pd.config import DEFAULT_PD, PdSettings
+from kthena_router.pd.connectors import HopBodies
+from kthena_router.pd.dispatch import PdDispatcher
+from kthena_router.pd.metrics import PdMetrics
+from kthena_router.pd.pairing import PdPairer
+from kthena_router.pd.topology import PdTopology
+from kthena_router.proxy.body import CHAT_PATH, COMPLETIONS_PATH, ClientDisconnected, content_length, \
+    needs_usage_injection, parse_body, read_body, rewrite
 from kthena_router.proxy.by_id import pinned_endpoint, stored_at
 from kthena_router.proxy.executor import Executor
 from kthena_router.proxy.external import ExternalDispatcher
@@ -115,6 +122,10 @@ class Forwarder:
         self.sticky = sticky or SessionAffinity(settings.runtime_dir, metrics, lambda: None)
         self.auth: Authenticator | None = None  # set by the identity service when auth is configured
         self.fairness: FairnessGate | None = None  # set while the router configuration enables fair queuing
+        # prefill/decode servers (kthena_router/pd): pairing, the `pd` section, the two-hop dispatch
+        self.pd_pairer: PdPairer | None = None  # set by app.create_app
+        self.pd_settings: Callable[[], PdSettings] = lambda: DEFAULT_PD
+        self.pd = PdDispatcher(settings, self.executor, pool, metrics, PdMetrics(metrics.registry))
         # Weighted route splits; per worker. A fixed seed makes a 1-worker run reproducible.
         self.rng = random.Random(settings.route_seed)
         self.in_flight = 0
@@ -232,7 +243,8 @@ class _Request(Exchange):
                     await self.fw.external.run(self, body, match, state.traffic, self.header_map,
                                                self.scope.get("query_string", b""))
                 else:
-                    await self._forward(body, match, targets, pinned, state.traffic_of(match.server.key))
+                    await self._forward(body, match, targets, pinned, state.traffic_of(match.server.key),
+                                        state.pd.get(match.server.key) if state.pd else None)
             except RequestError as err:
                 self.status = err.status
                 self.error_type = err.type
@@ -312,7 +324,7 @@ class _Request(Exchange):
     # --- forwarding -------------------------------------------------------------------
 
     async def _forward(self, body: Any, match: RouteMatch, targets: tuple[EndpointState, ...],
-                       pinned: EndpointState | None, traffic: ServerTraffic) -> None:
+                       pinned: EndpointState | None, traffic: ServerTraffic, topo: PdTopology | None) -> None:
         fw = self.fw
         server = match.server
         self.route_label = f"{match.route.namespace}/{match.route.name}"
@@ -320,10 +332,14 @@ class _Request(Exchange):
         self.stream = body.stream
         # usage injection: only APIs whose streams carry a usage chunk (chat, completions)
         self.inject = inject = needs_usage_injection(body) and self.stream_end is StreamEnd.DONE
-        payload = body.raw if isinstance(body, _ById) else \
-            rewrite(body, None if match.is_lora else match.upstream_model, inject)
+        upstream_model = None if match.is_lora else match.upstream_model
+        # PD servers: generation takes two hops (kthena_router/pd); their other APIs (tokenize,
+        # embeddings, ...) go to a decode endpoint; the Responses API is refused (see _pd_two_hop).
+        two_hop = topo is not None and self._pd_two_hop(body, topo)
+        if topo is not None and not two_hop:
+            targets = topo.decode
         info = None
-        if fw.needs_info and pinned is None:
+        if (fw.needs_info or two_hop) and pinned is None:  # the pairer always gets it
             info = RequestInfo(self.request_id, self.path, body.obj, server.model or match.upstream_model,
                                body.model if match.is_lora else "", body.model)
         headers = self.fwd_headers
@@ -331,19 +347,46 @@ class _Request(Exchange):
             headers += b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in server.upstream_headers.items())
         # request line and headers except Host (per endpoint), then the body's length
         head = request_line(self.scope["method"], self.path, self.scope.get("query_string", b""))
-        tail = headers + b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n"
         preferred = None if self.pin is None else self.pin.preferred
+        if two_hop:
+            assert topo is not None
+            size = len(body.raw)
+            bodies = HopBodies(body, topo.connector, upstream_model, inject)
+            settings = fw.pd_settings().for_server(server.namespace, server.name)
+
+            async def deliver() -> None:
+                assert topo is not None and fw.pd_pairer is not None
+                await fw.pd.run(self, fw.pd_pairer, bodies, match, topo, info, head, headers, traffic, settings,
+                                preferred)
+        else:
+            payload = body.raw if isinstance(body, _ById) else rewrite(body, upstream_model, inject)
+            size = len(payload)
+            tail = headers + b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n"
+
+            async def deliver() -> None:
+                await fw.executor.run(self, match, targets, info, head, tail, payload, traffic, pinned, preferred)
         gate = fw.fairness
         if gate is None or isinstance(body, _ById):
-            await fw.executor.run(self, match, targets, info, head, tail, payload, traffic, pinned, preferred)
+            await deliver()
             return
         ident = self.identity
         slot = await gate.acquire(server.key, self.server_label, self.route_label, targets,
-                                  ident.tenant or ident.user, ident.priority, len(payload))
+                                  ident.tenant or ident.user, ident.priority, size)
         try:
-            await fw.executor.run(self, match, targets, info, head, tail, payload, traffic, pinned, preferred)
+            await deliver()
         finally:
             gate.release(slot, self.att_prompt_tokens, self.completion_tokens)
+
+    def _pd_two_hop(self, body: Any, topo: PdTopology) -> bool:
+        """Whether this request to a PD server takes the two hops (generation APIs)."""
+        if self.path == CHAT_PATH or self.path == COMPLETIONS_PATH:
+            return True
+        if self.stream_end is StreamEnd.RESPONSES or isinstance(body, _ById):
+            # kv_transfer_params / bootstrap fields are not part of the Responses API
+            raise RequestError(400, f"{self.path} is not served by prefill/decode ModelServer {self.server_label}: "
+                                    "only /v1/chat/completions and /v1/completions are disaggregated",
+                               code="pd_unsupported_api")
+        return False
 
     def start_headers(self, resp: Response, body_len: int | None) -> list[tuple[bytes, bytes]]:
         if self.pin is not None and resp.status < 400:  # the endpoint that answers, after any retry

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+import orjson
+
 from kthena_router.endpoints.health import Failure
 from kthena_router.errors import messages_error_event, sse_error_event
 from kthena_router.proxy.relay import AttemptFailure, Exchange, earliest, int_or_none, timeout_detail
@@ -18,7 +20,16 @@ from kthena_router.proxy.upstream import Response, UpstreamError, UpstreamTimeou
 
 
 class SseStreamRelay:
-    """Stateless; one per worker (per-stream state lives in sse.SseRelay)."""
+    """Stateless; one per worker (per-stream state lives in sse.SseRelay).
+
+    `error_first_fails`: a stream whose first event is an error event (vLLM opens a decode
+    hop's stream before it loads the KV, and reports a failed load that way) is a failed
+    attempt, retried like a 5xx, instead of an error relayed to the client (PD decode hops)."""
+
+    __slots__ = ("error_first_fails",)
+
+    def __init__(self, error_first_fails: bool = False) -> None:
+        self.error_first_fails = error_first_fails
 
     async def relay(self, x: Exchange, resp: Response) -> AttemptFailure | None:
         relay = SseRelay(hide_usage=x.inject, end=x.stream_end)
@@ -40,6 +51,8 @@ class SseStreamRelay:
                 x, exc, first_at, f"no first token within firstToken ({t.first_token_s or 0:g}s)"))
         except (UpstreamError, OSError):
             return AttemptFailure(Failure.DIED, "upstream stream broke before the first event")
+        if self.error_first_fails and (reason := first_event_error(first)) is not None:
+            return AttemptFailure(Failure.HTTP_5XX, f"the stream began with an error event ({reason})")
         send = x.send
         resp.set_timeouts(t.idle_s, x.deadline)
         x.commit(200)
@@ -111,3 +124,19 @@ class SseStreamRelay:
                 x.att_tpot = (t_last - t_first) / (completion - 1)
                 metrics.observe_tpot(x.model_label, x.path_label, x.att_tpot)
         return None if failure is None else AttemptFailure(failure, detail or "after the first event")
+
+
+def first_event_error(events: bytes) -> str | None:
+    """The message of an error event at the start of `events` (complete events), else None."""
+    line = events.lstrip(b"\r\n").split(b"\n", 1)[0].rstrip(b"\r")
+    if not line.startswith(b"data:") or b'"error"' not in line:
+        return None
+    try:
+        obj = orjson.loads(line[5:])
+    except orjson.JSONDecodeError:
+        return None
+    if type(obj) is not dict or "error" not in obj or "choices" in obj:
+        return None
+    err = obj["error"]
+    msg = err.get("message") if type(err) is dict else err
+    return str(msg)[:200] if msg is not None else "no message"
