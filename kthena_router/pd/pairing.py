@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry
 
+from kthena_router.config.model import SGLANG_BOOTSTRAP
 from kthena_router.endpoints.registry import EndpointState
 from kthena_router.endpoints.selection import EndpointSelector, T
 from kthena_router.engine_state.snapshot import EndpointSnapshot
@@ -221,7 +222,8 @@ class PdPairer:
         decode = self.decode.candidates((ns, name, DECODE), topo.decode, info)
         if not decode:
             return []
-        alone = (settings.min_uncached_tokens > 0 and info is not None
+        # SGLang decode engines cannot serve without their prefill peer: never alone there
+        alone = (settings.min_uncached_tokens > 0 and info is not None and topo.connector != SGLANG_BOOTSTRAP
                  and self.uncached_tokens(decode[0], info) < settings.min_uncached_tokens)
         ranked: dict[str, list[EndpointState]] = {}  # group -> its prefill ranking (once per group)
         used: dict[str, int] = {}
