@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..api.externalmodelprovider import EXTERNAL_MODEL_PROVIDER
 from .checks import Ctx, check_enum, check_mapping, check_str, join_path, type_name
 from .external_provider import ANTHROPIC, APIKEY, BEARER, DEFAULT_SCHEME, OPENAI, ExternalProvider
 from .metadata import ObjectMeta
@@ -44,7 +45,7 @@ _ANNOTATIONS = (ANN_CREDENTIAL_FILE, ANN_CREDENTIAL_ENV)
 # Kthena's router watches only Secrets with this label (labels.go).
 SECRET_LABEL = ("networking.serving.volcano.sh/external-model-provider-credential", "true")
 
-_SPEC_FIELDS = ("providerType", "model", "baseURL", "insecureSkipVerify", "auth", "headers")
+_SPEC_FIELDS = EXTERNAL_MODEL_PROVIDER.spec.known()  # from the API declarations, the source of the CRD too
 _RESERVED_HEADERS = frozenset({
     "authorization", "proxy-authorization", "cookie", "x-api-key", "host", "content-length", "connection",
     "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "trailer", "te",

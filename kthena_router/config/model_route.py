@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .checks import (
@@ -16,18 +17,23 @@ from .checks import (
     refuse,
     type_name,
 )
+from ..api.modelroute import MODEL_ROUTE, RATE_UNITS, SESSION_SOURCE_TYPES
+from ..api.schema import node_at
 from .metadata import ObjectMeta
 from .model import DEFAULT_SESSION_AFFINITY_SECONDS, ModelRoute, RateLimit, RouteRule, SessionKeySource, SessionSticky, StringMatch, TargetModel
 
-__all__ = ["MAX_LORA_ADAPTERS", "MAX_RULES", "MAX_TARGETS", "parse_model_route"]
+__all__ = ["MAX_LORA_ADAPTERS", "MAX_RULES", "MAX_TARGETS", "SESSION_SOURCE_TYPES", "parse_model_route"]
 
-MAX_LORA_ADAPTERS = 10
-MAX_RULES = 16
-MAX_TARGETS = 16
-_RATE_UNITS = ("second", "minute", "hour", "day", "month")
-MAX_SESSION_SOURCES = 16  # Kthena's proposal
-SESSION_SOURCE_TYPES = ("Header", "Query", "Cookie", "JWTClaim")
-_SPEC_FIELDS = ("modelName", "loraAdapters", "parentRefs", "rules", "rateLimit", "sessionSticky")
+# Field names, enums and bounds come from the API declarations (kthena_router/api), the source
+# of the CRD too; tests/unit/test_api_drift.py checks that this parser applies exactly those rules.
+_SPEC = MODEL_ROUTE.spec
+MAX_LORA_ADAPTERS = node_at(_SPEC, "loraAdapters").max_items or 0
+MAX_RULES = node_at(_SPEC, "rules").max_items or 0
+MAX_TARGETS = node_at(_SPEC, "rules[].targetModels").max_items or 0
+_RATE_UNITS = RATE_UNITS
+MAX_SESSION_SOURCES = node_at(_SPEC, "sessionSticky.sources").max_items or 0  # Kthena's proposal
+_SPEC_FIELDS = _SPEC.known()
+_PARENT_REF = node_at(_SPEC, "parentRefs[]")
 
 
 def parse_model_route(c: Ctx, meta: ObjectMeta, v: Any, order: int) -> ModelRoute | None:
@@ -46,7 +52,8 @@ def parse_model_route(c: Ctx, meta: ObjectMeta, v: Any, order: int) -> ModelRout
             adapters.append(s)
     if model_name is None and not adapters and not raw_adapters:
         c.err("spec", "modelName or loraAdapters must be set")
-    parent_refs = tuple(p for p in check_list(c, spec.get("parentRefs"), "spec.parentRefs") if isinstance(p, dict))
+    parent_refs = tuple(p for i, p in enumerate(check_list(c, spec.get("parentRefs"), "spec.parentRefs"))
+                        if _parent_ref(c, p, f"spec.parentRefs[{i}]"))
     raw_rules = spec.get("rules")
     rules: list[RouteRule] = []
     if raw_rules is None:
@@ -77,6 +84,27 @@ def parse_model_route(c: Ctx, meta: ObjectMeta, v: Any, order: int) -> ModelRout
         parent_refs=parent_refs,
         session_sticky=sticky,
     )
+
+
+def _parent_ref(c: Ctx, v: Any, path: str) -> bool:
+    """A Gateway API parent reference: checked as the CRD checks it (no effect in file mode)."""
+    m = check_mapping(c, v, path, _PARENT_REF.known(), required=_PARENT_REF.required())
+    if m is None:
+        return False
+    before = len(c.problems)
+    for f in _PARENT_REF.properties:
+        n, fp = f.node, join_path(path, f.name)
+        if n.type == "integer":
+            check_int(c, m.get(f.name), fp, n.minimum or 0, n.maximum)
+            continue
+        s = check_str(c, m.get(f.name), fp, allow_empty=True)
+        if s is None:
+            continue
+        if n.min_length is not None and len(s) < n.min_length or n.max_length is not None and len(s) > n.max_length:
+            c.err(fp, f"must be {n.min_length or 0} to {n.max_length} characters long")
+        elif n.pattern is not None and not re.search(n.pattern, s):
+            c.err(fp, f"must match {n.pattern}")
+    return len(c.problems) == before
 
 
 def _rule(c: Ctx, v: Any, path: str) -> RouteRule | None:

@@ -19,6 +19,7 @@ from .checks import (
     check_str,
     join_path,
 )
+from ..api.modelserver import INFERENCE_ENGINES, KV_CONNECTORS, PROTOCOLS
 from .metadata import ObjectMeta
 from .model import DEFAULT_PORT, ModelServer, PDGroup
 
@@ -30,9 +31,10 @@ ANN_TOKEN_ENV = ANN_PREFIX + "upstream-token-env"
 ANN_TLS_SKIP = ANN_PREFIX + "tls-insecure-skip-verify"
 _ANNOTATIONS = (ANN_TOKEN_FILE, ANN_TOKEN_ENV, ANN_TLS_SKIP)
 
-_ENGINES = ("vLLM", "SGLang")
-_PROTOCOLS = ("http", "https")
-_KV_CONNECTORS = ("http", "lmcache", "nixl", "mooncake")
+# enums from the API declarations (kthena_router/api), the source of the CRD too
+_ENGINES = INFERENCE_ENGINES
+_PROTOCOLS = PROTOCOLS
+_KV_CONNECTORS = KV_CONNECTORS
 
 
 def parse_model_server(c: Ctx, meta: ObjectMeta, v: Any, base_dir: Path) -> ModelServer | None:
