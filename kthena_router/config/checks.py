@@ -39,8 +39,8 @@ class Ctx:
     label: str
     problems: list[ConfigProblem]
 
-    def err(self, path: str, message: str) -> None:
-        self.problems.append(ConfigProblem(self.file, self.label, path, message))
+    def err(self, path: str, message: str, reason: str = "") -> None:
+        self.problems.append(ConfigProblem(self.file, self.label, path, message, reason))
 
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

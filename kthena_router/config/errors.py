@@ -5,12 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+# ConfigProblem.reason values (Kubernetes mode turns them into status conditions).
+BACKEND_NOT_FOUND = "BackendNotFound"  # a route target names no ModelServer / ExternalModelProvider
+# Kthena's ExternalModelProvider reasons (pkg/apis/networking/v1alpha1).
+CREDENTIAL_NOT_FOUND = "CredentialNotFound"
+CREDENTIAL_KEY_NOT_FOUND = "CredentialKeyNotFound"
+CREDENTIAL_INVALID = "CredentialInvalid"
+
+
 @dataclass(frozen=True, slots=True)
 class ConfigProblem:
     file: str
     document: str  # e.g. "document 2 (ModelRoute default/demo)"; "" when not known
     field: str  # e.g. "spec.rules[0].targetModels[1].weight"; "" for the whole document
     message: str
+    # CamelCase cause for Kubernetes status conditions (e.g. "BackendNotFound",
+    # "CredentialNotFound"); "" = the object is invalid as written. Not part of the text.
+    reason: str = ""
 
     def __str__(self) -> str:
         parts = [self.file]

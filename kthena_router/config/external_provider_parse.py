@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 from ..api.externalmodelprovider import EXTERNAL_MODEL_PROVIDER
 from .checks import Ctx, check_enum, check_mapping, check_str, join_path, type_name
 from .external_provider import ANTHROPIC, APIKEY, BEARER, DEFAULT_SCHEME, OPENAI, ExternalProvider
+from .errors import CREDENTIAL_INVALID, CREDENTIAL_KEY_NOT_FOUND, CREDENTIAL_NOT_FOUND
 from .metadata import ObjectMeta
 
 __all__ = ["ANN_CREDENTIAL_ENV", "ANN_CREDENTIAL_FILE", "SECRET_LABEL", "PendingProvider", "SecretDoc",
@@ -77,13 +78,13 @@ def _valid_value(v: str) -> bool:
     return all(ch == "\t" or " " <= ch <= "~" for ch in v)
 
 
-def _normalize_key(c: Ctx, raw: str, path: str, what: str) -> str | None:
+def _normalize_key(c: Ctx, raw: str, path: str, what: str, reason: str = "") -> str | None:
     key = raw.strip()
     if not key:
-        c.err(path, f"{what} is empty (after trimming whitespace)")
+        c.err(path, f"{what} is empty (after trimming whitespace)", reason)
         return None
     if not _valid_value(key):
-        c.err(path, f"{what} contains characters not allowed in an HTTP header (control or non-ASCII)")
+        c.err(path, f"{what} contains characters not allowed in an HTTP header (control or non-ASCII)", reason)
         return None
     return key
 
@@ -273,7 +274,7 @@ def resolve_credentials(pending: PendingProvider, secrets: Mapping[tuple[str, st
     if (p.namespace, name) not in secret_labels:
         c.err(join_path(rp, "name"), f"Secret {name!r} not found in namespace {p.namespace!r} "
                                      f"(CredentialsResolved=False: add a Secret document, or the "
-                                     f"{ANN_CREDENTIAL_FILE} annotation)")
+                                     f"{ANN_CREDENTIAL_FILE} annotation)", CREDENTIAL_NOT_FOUND)
         return None
     secret = secrets.get((p.namespace, name))
     if secret is None:
@@ -281,19 +282,19 @@ def resolve_credentials(pending: PendingProvider, secrets: Mapping[tuple[str, st
     if not secret.labelled:
         c.err(join_path(rp, "name"), f"Secret {name!r} ({secret_labels[(p.namespace, name)]}) does not have "
                                      f"the label {SECRET_LABEL[0]}: \"{SECRET_LABEL[1]}\" (Kthena's router "
-                                     "reads only labelled Secrets)")
+                                     "reads only labelled Secrets)", CREDENTIAL_NOT_FOUND)
         return None
     raw = secret.data.get(key)
     if not raw:
         c.err(join_path(rp, "key"), f"key {key!r} not found (or empty) in Secret {name!r} "
-                                    f"({secret_labels[(p.namespace, name)]})")
+                                    f"({secret_labels[(p.namespace, name)]})", CREDENTIAL_KEY_NOT_FOUND)
         return None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        c.err(join_path(rp, "key"), f"key {key!r} of Secret {name!r} is not UTF-8 text")
+        c.err(join_path(rp, "key"), f"key {key!r} of Secret {name!r} is not UTF-8 text", CREDENTIAL_INVALID)
         return None
-    value = _normalize_key(c, text, join_path(rp, "key"), f"key {key!r} of Secret {name!r}")
+    value = _normalize_key(c, text, join_path(rp, "key"), f"key {key!r} of Secret {name!r}", CREDENTIAL_INVALID)
     if value is None:
         return None
     return replace(p, credential=value, credential_source=f"Secret {p.namespace}/{name} key {key}")

@@ -24,9 +24,9 @@ from .endpoint_set import parse_endpoint_set
 from .external_provider import ExternalProvider
 from .external_provider_parse import PendingProvider, SecretDoc, parse_external_provider, parse_secret, \
     resolve_credentials
-from .errors import ConfigError, ConfigProblem
+from .errors import BACKEND_NOT_FOUND, ConfigError, ConfigProblem
 from .metadata import parse_metadata
-from .model import EndpointSet, ModelRoute, ModelServer, RouterConfig, route_priority
+from .model import EndpointSet, ModelRoute, ModelServer, RouteConflict, RouterConfig, route_priority
 from .model_route import parse_model_route
 from .model_server import parse_model_server
 from .yaml_source import decode_config_text, load_yaml_documents, read_config_file
@@ -224,7 +224,8 @@ class _Builder:
                         name = t.external_model_provider_name
                         if (r.namespace, name) not in self.provider_names:
                             pr.ctx.err(f"{tp}.externalModelProviderName",
-                                       f"ExternalModelProvider {name!r} not found in namespace {r.namespace!r}")
+                                       f"ExternalModelProvider {name!r} not found in namespace {r.namespace!r}",
+                                       BACKEND_NOT_FOUND)
                         elif r.lora_adapters:
                             pr.ctx.err(f"{tp}.externalModelProviderName",
                                        "a route with loraAdapters cannot target an ExternalModelProvider "
@@ -233,6 +234,7 @@ class _Builder:
                         pr.ctx.err(
                             f"{tp}.modelServerName",
                             f"ModelServer {t.model_server_name!r} not found in namespace {r.namespace!r}",
+                            BACKEND_NOT_FOUND,
                         )
         if self.problems:
             raise ConfigError(self.problems)
@@ -252,7 +254,33 @@ class _Builder:
                     f"{self.source}: ModelServer {s.namespace}/{s.name}: no endpoint matches "
                     f"workloadSelector.matchLabels {s.match_labels}"
                 )
-        return dataclasses.replace(cfg, warnings=tuple(warnings))
+        return dataclasses.replace(cfg, warnings=tuple(warnings), route_conflicts=tuple(_route_conflicts(routes)))
+
+
+def _route_conflicts(routes: tuple[ModelRoute, ...]) -> list[RouteConflict]:
+    """Every (route, name) where another route is tried first (RouteTable's order)."""
+    claims: dict[str, list[ModelRoute]] = {}
+    lora_claims: dict[str, list[ModelRoute]] = {}
+    for r in routes:
+        if r.model_name:
+            claims.setdefault(r.model_name, []).append(r)
+        for a in r.lora_adapters:
+            if a != r.model_name:
+                lora_claims.setdefault(a, []).append(r)
+    out: list[RouteConflict] = []
+    for lora, table in ((False, claims), (True, lora_claims)):
+        for name, rs in table.items():
+            rs = sorted(rs, key=route_priority)
+            owner = rs[0]
+            shadowed = lora and name in claims
+            if shadowed:  # a modelName route owns the name: every adapter claim loses
+                owner = min(claims[name], key=route_priority)
+                losers = rs
+            else:
+                losers = rs[1:]
+            for r in losers:
+                out.append(RouteConflict(r.namespace, r.name, name, lora, (owner.namespace, owner.name), shadowed))
+    return out
 
 
 def _conflict_warnings(routes: tuple[ModelRoute, ...]) -> list[str]:

@@ -172,6 +172,20 @@ def route_priority(route: ModelRoute) -> tuple[Any, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class RouteConflict:
+    """A route that is not tried first for a name it claims (Kubernetes status: ModelNameConflict)."""
+
+    namespace: str
+    name: str
+    claimed: str  # the modelName or LoRA adapter name
+    lora: bool  # the claim comes from spec.loraAdapters
+    owner: tuple[str, str]  # (namespace, name) of the route tried first for that name
+    # True: the owner claims it as a modelName and this route as an adapter, so this route
+    # never serves that name; False: this route serves what the owner's rules leave unmatched.
+    shadowed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     routes: tuple[ModelRoute, ...]  # in source order
     servers: dict[tuple[str, str], ModelServer]  # (namespace, name) -> server
@@ -181,6 +195,7 @@ class RouterConfig:
     warnings: tuple[str, ...] = ()  # non-fatal findings, e.g. route conflicts
     # ExternalModelProviders by (namespace, name), credentials resolved (repr=False inside)
     providers: dict[tuple[str, str], ExternalProvider] = field(default_factory=dict)
+    route_conflicts: tuple[RouteConflict, ...] = ()  # the losers of each claimed name (see loader)
 
     def endpoints_of(self, server: ModelServer) -> list[Endpoint]:
         """Endpoints of the server's namespace whose labels include its matchLabels.

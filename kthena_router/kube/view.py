@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kthena_router.config.errors import ConfigProblem
 from kthena_router.config.model import RouterConfig
 
 __all__ = ["ClusterView", "ObjectKey", "ObjectMeta"]
@@ -34,4 +35,10 @@ class ClusterView:
     problems: Mapping[ObjectKey, str] = field(default_factory=dict)
     # ModelServer (namespace, name) -> ready endpoint count by role: {"all": n} or, for a PD
     # server, {"all": n, "prefill": p, "decode": d}.
+    # A PD server may add "pairs": prefill/decode groups with both roles ready (without
+    # it, the status writer counts the server Ready when both roles have a ready endpoint).
     ready_endpoints: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)
+    # Optional: the loader's ConfigProblems of each object in `problems`. Their `reason`
+    # (BackendNotFound, CredentialNotFound, ...) gives finer status conditions
+    # (ResolvedRefs, CredentialsResolved) than the message alone (then: reason Invalid).
+    problem_details: Mapping[ObjectKey, tuple[ConfigProblem, ...]] = field(default_factory=dict)
