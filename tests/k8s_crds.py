@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import time
 
+import yaml
+
 import harness
 import k8s_harness
 from kthena_router.api.crdgen import CRD_DIR, file_name
 from kthena_router.api.kinds import KINDS
 
-__all__ = ["install_crds"]
+__all__ = ["crd_documents", "install_crds"]
+
+
+def crd_documents() -> list[dict]:
+    """Every CRD as a decoded document."""
+    return [yaml.safe_load((CRD_DIR / file_name(k)).read_text(encoding="utf-8")) for k in KINDS]
 
 
 def install_crds(cp: k8s_harness.ControlPlane, timeout: float = 60.0) -> None:

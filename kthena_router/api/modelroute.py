@@ -3,8 +3,8 @@ serve a public model name."""
 
 from __future__ import annotations
 
-from .common import NETWORKING, VERSION, model_match, parent_reference
-from .schema import Field, Kind, Rule, array, integer, obj, opt, req, string
+from .common import NETWORKING, VERSION, conditions, model_match, observed_generation, parent_reference
+from .schema import AGE, Column, Field, Kind, Rule, array, integer, obj, opt, req, string
 
 __all__ = ["MODEL_ROUTE", "RATE_UNITS", "SESSION_SOURCE_TYPES"]
 
@@ -67,5 +67,12 @@ SPEC = obj(
 MODEL_ROUTE = Kind(
     group=NETWORKING, version=VERSION, kind="ModelRoute", plural="modelroutes",
     description="ModelRoute routes requests for a model name to ModelServers or external providers.",
-    spec=SPEC, status=obj("Observed state (none yet)."), spec_required=True,
+    spec=SPEC, spec_required=True,
+    # Kthena's status is an empty object; ours only adds status (never spec) fields.
+    status=obj("Observed state, written by the router holding the status Lease.",
+               opt("observedGeneration", observed_generation()),
+               opt("conditions", conditions("Accepted and ResolvedRefs."))),
+    columns=(Column("Model", "string", ".spec.modelName", "Model name clients request"),
+             Column("Accepted", "string", ".status.conditions[?(@.type=='Accepted')].status", "Served by the router"),
+             AGE),
 )

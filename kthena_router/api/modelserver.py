@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import NETWORKING, VERSION
+from .common import NETWORKING, VERSION, conditions, observed_generation
 from .schema import AGE, Column, Kind, duration, integer, map_of, obj, opt, req, string
 
 __all__ = ["INFERENCE_ENGINES", "KV_CONNECTORS", "MODEL_SERVER", "PROTOCOLS"]
@@ -45,9 +45,17 @@ SPEC = obj(
 MODEL_SERVER = Kind(
     group=NETWORKING, version=VERSION, kind="ModelServer", plural="modelservers",
     description="ModelServer describes the inference engine pods that serve a model.",
-    spec=SPEC, status=obj("Observed state (none yet)."),
+    spec=SPEC,
+    # Kthena's status is an empty object; ours only adds status (never spec) fields.
+    status=obj("Observed state, written by the router holding the status Lease.",
+               opt("observedGeneration", observed_generation()),
+               opt("conditions", conditions("Ready.")),
+               opt("readyEndpoints", integer("Ready, non-terminating endpoints (pods).", minimum=0)),
+               opt("readyPrefillEndpoints", integer("PD servers: ready prefill endpoints.", minimum=0)),
+               opt("readyDecodeEndpoints", integer("PD servers: ready decode endpoints.", minimum=0))),
     columns=(Column("Engine", "string", ".spec.inferenceEngine", "Inference engine"),
              Column("Port", "integer", ".spec.workloadPort.port", "Engine port"),
              Column("Protocol", "string", ".spec.workloadPort.protocol", "Engine protocol"),
+             Column("Ready", "integer", ".status.readyEndpoints", "Ready endpoints"),
              AGE),
 )

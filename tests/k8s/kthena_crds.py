@@ -1,9 +1,9 @@
 """Minimal CRDs for Kthena's networking kinds (same group, version, kind, plural, status
 subresource) with a permissive schema, for tests that need the kinds to exist.
 
-Switching to the real CRDs: make `crd_documents()` return those documents instead; the
-status tests only need `subresources.status` and a status schema that keeps our fields.
-`kthena_shaped_status()` gives Kthena's own status schema for ModelRoute (an empty object).
+`crd_documents()` are the real CRDs (configs/crds; their status schemas declare the fields
+the router writes). `crd(kind)` is a permissive one, and `kthena_shaped_status()` Kthena's own
+status schema for ModelRoute (an empty object), for the test of a CRD that prunes our status.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import k8s_crds
 import k8s_harness
 
 GROUP = "networking.serving.volcano.sh"
@@ -40,7 +41,8 @@ def crd(kind: str, status_schema: dict[str, Any] | None = None) -> dict[str, Any
 
 
 def crd_documents() -> list[dict[str, Any]]:
-    return [crd(kind) for kind in KINDS]
+    """The project's real CRDs (configs/crds) of the networking kinds."""
+    return [d for d in k8s_crds.crd_documents() if d["spec"]["names"]["kind"] in KINDS]
 
 
 def kthena_shaped_status() -> dict[str, Any]:
@@ -49,8 +51,10 @@ def kthena_shaped_status() -> dict[str, Any]:
 
 
 def install(cp: k8s_harness.ControlPlane, docs: list[dict[str, Any]] | None = None) -> None:
-    """Apply the CRDs and wait until each is Established and served."""
-    docs = docs if docs is not None else crd_documents()
+    """Apply the CRDs (default: the real ones, every kind) and wait until each is Established and served."""
+    if docs is None:
+        k8s_crds.install_crds(cp)
+        return
     cp.apply(docs, "--force-conflicts")
     deadline = time.monotonic() + 60
     with cp.client() as api:

@@ -105,7 +105,8 @@ async def test_one_leader_release_and_expiry(cluster: k8s_harness.ControlPlane) 
 
 async def test_lease_taken_by_another_stops_leading_and_writing(cluster: k8s_harness.ControlPlane) -> None:
     cluster.apply([{"apiVersion": API, "kind": "ModelServer", "metadata": {"name": "srv", "namespace": NS},
-                    "spec": {"model": "m", "inferenceEngine": "vLLM", "workloadSelector": {"matchLabels": {"a": "b"}}}}])
+                    "spec": {"model": "m", "inferenceEngine": "vLLM", "workloadSelector": {"matchLabels": {"a": "b"}},
+                             "workloadPort": {"port": 8000}}}])
     ca, cb = await api_client(cluster), await api_client(cluster)
     a = LeaderElector(ca, NS, "writer", "replica-a", **TIMING)
     b = LeaderElector(cb, NS, "writer", "replica-b", **TIMING)

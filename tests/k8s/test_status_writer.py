@@ -41,7 +41,8 @@ def _server(name: str, pd: bool = False) -> dict[str, Any]:
     ws: dict[str, Any] = {"matchLabels": {"app": name}}
     if pd:
         ws["pdGroup"] = {"groupKey": "group", "prefillLabels": {"role": "prefill"}, "decodeLabels": {"role": "decode"}}
-    return _obj("ModelServer", name, {"model": "m", "inferenceEngine": "vLLM", "workloadSelector": ws})
+    return _obj("ModelServer", name, {"model": "m", "inferenceEngine": "vLLM", "workloadSelector": ws,
+                                      "workloadPort": {"port": 8000}})
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,9 @@ def cluster(control_plane: k8s_harness.ControlPlane) -> Iterator[k8s_harness.Con
     control_plane.apply([
         _route("b-new", "m", {"modelServerName": "srv"}),
         _route("missing", "x", {"modelServerName": "nope"}),
-        _obj("ModelRoute", "bad", {"modelName": 5, "rules": []}),
+        # valid for the CRD, refused by the router's loader (a regex Python cannot compile)
+        _obj("ModelRoute", "bad", {"modelName": "bad", "rules": [{"name": "r", "modelMatch": {
+            "headers": {"x-tier": {"regex": "(unclosed"}}}, "targetModels": [{"modelServerName": "srv"}]}]}),
         _obj("ExternalModelProvider", "open", {"baseURL": "https://api.example.com"}),
         _obj("ExternalModelProvider", "keyed", {"baseURL": "https://api.example.com",
                                                 "auth": {"secretRef": {"name": "creds", "key": "api-key"}}}),
@@ -120,7 +123,7 @@ async def test_status_conditions_idempotency_and_transitions(
     assert (missing["Accepted"]["status"], missing["Accepted"]["reason"]) == ("False", "UnresolvedRefs")
     bad = _conds(_get(cluster, "ModelRoute", "bad"))
     assert (bad["Accepted"]["status"], bad["Accepted"]["reason"]) == ("False", "Invalid")
-    assert "spec.modelName" in bad["Accepted"]["message"]
+    assert "regex" in bad["Accepted"]["message"]
 
     srv, pd = _get(cluster, "ModelServer", "srv"), _get(cluster, "ModelServer", "pd")
     assert srv["status"]["readyEndpoints"] == 2 and _conds(srv)["Ready"]["status"] == "True"
