@@ -93,6 +93,7 @@ def test_dockerfile_is_multi_stage_non_root_and_runs_only_the_script() -> None:
     assert ("ENTRYPOINT", '["kthena-router"]') in runtime
 
 
+@pytest.mark.timeout(1500)  # a cold cargo cache compiles every crate (about 1.5 min alone on 2 idle cores)
 def test_script_builds_installs_and_verifies_a_working_router(tmp_path: Path) -> None:
     src = tmp_path / "src"
     _copy_build_context(src)

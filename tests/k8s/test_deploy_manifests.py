@@ -151,6 +151,7 @@ def test_service_and_pdb_select_the_router_pods(rendered: dict[str, list[dict[st
 def _dry_run(cp: k8s_harness.ControlPlane, docs: list[dict[str, Any]]) -> str:
     proc = cp.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
     assert proc.returncode == 0, f"server dry run refused:\n{proc.stderr}"
+    assert "PodSecurity" not in proc.stderr, proc.stderr  # the warn=restricted label's warnings
     return proc.stdout
 
 
@@ -178,6 +179,9 @@ def namespaces(control_plane: k8s_harness.ControlPlane) -> Iterator[dict[str, st
     names = {v: f"deploy-{v}-{tag}" for v in VARIANTS} | {"other": f"deploy-other-{tag}"}
     for ns in names.values():
         control_plane.kubectl("create", "namespace", ns)
+        # the restricted Pod Security Standard, enforced by the API server's PodSecurity admission
+        control_plane.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted",
+                              "pod-security.kubernetes.io/warn=restricted")
     try:
         yield names
     finally:
@@ -197,6 +201,12 @@ def test_every_rendered_object_passes_server_dry_run(control_plane: k8s_harness.
             "RoleBinding"} <= kinds
     assert ("ClusterRole" in kinds) == (variant == "cluster-wide")
     assert out.count("(server dry run)") == len(docs), out
+    # the pod the Deployment would create passes the restricted Pod Security Standard
+    template = _one(docs, "Deployment")["spec"]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {**template["metadata"], "name": "router-psa", "namespace": namespaces[variant]},
+           "spec": template["spec"]}
+    _dry_run(control_plane, [pod])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
