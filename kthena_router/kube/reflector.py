@@ -170,6 +170,8 @@ def _describe(exc: Exception, res: Resource) -> tuple[str, str]:
                                  f"list and watch on {res.name}; see docs/kubernetes.md)")
         if exc.status == 404:
             return "not_found", f"404: {res.path} is not served (is the CRD installed?)"
+        if exc.status >= 500:
+            return "unavailable", str(exc)
         return "error", str(exc)
     if isinstance(exc, (aiohttp.ClientConnectionError, asyncio.TimeoutError, ConnectionError, OSError)):
         return "unavailable", f"apiserver unreachable: {type(exc).__name__}: {exc}"
