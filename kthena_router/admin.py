@@ -1,7 +1,8 @@
 """Admin HTTP server of the parent process (separate port, default 15000).
 
 GET /healthz            200 while the parent lives
-GET /readyz             200 when every worker runs a loaded config and we are not draining;
+GET /readyz             200 when every worker runs a loaded config (Kubernetes mode: one built
+                        after the first full sync) and we are not draining;
                         503 {"ready": false, "reason": ...} otherwise
 GET /metrics            Prometheus text aggregated over all workers (multiprocess mode)
 POST /admin/reload      validate the config file and the router configuration (--router-config);
@@ -71,6 +72,7 @@ class SupervisorView:
         self.worker_pids = worker_pids
         self.draining = False
         self.drain_started: float | None = None
+        self.kube: Any = None  # Kubernetes mode: the KubeSource (first sync, its digests)
 
     def begin_drain(self) -> None:
         if not self.draining:
@@ -195,12 +197,19 @@ class AdminServer:
     def readiness(self) -> tuple[bool, str]:
         if self.view.draining:
             return False, "draining"
+        kube = self.view.kube
+        if kube is not None and not kube.synced.is_set():
+            return False, kube.reason_not_synced()
         pids, by_pid = self._statuses()
         if len(pids) < self.settings.workers:
             return False, f"{len(pids)} of {self.settings.workers} workers running"
         missing = [pid for pid in pids if not (pid in by_pid and by_pid[pid].digest)]
         if missing:
             return False, f"workers without a loaded config: {missing}"
+        if kube is not None:
+            behind = [pid for pid in pids if by_pid[pid].digest == kube.presync_digest]
+            if behind:
+                return False, f"workers not yet on the first Kubernetes sync: {behind}"
         return True, "ok"
 
     # --- handlers --------------------------------------------------------------------

@@ -11,6 +11,7 @@ import errno
 import logging
 import logging.config
 import sys
+from typing import Any
 
 from kthena_router.settings import RouterSettings, SettingsError
 
@@ -22,11 +23,23 @@ def build_parser() -> argparse.ArgumentParser:
     d = RouterSettings(config_path="")
     p = argparse.ArgumentParser(
         prog="kthena-router",
-        description="OpenAI-compatible LLM router (Kthena drop-in), config-file mode.",
+        description="OpenAI-compatible LLM router (Kthena drop-in): config-file mode (--config) or "
+                    "Kubernetes mode (--kubernetes, docs/kubernetes.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--config", "-c", required=True, metavar="FILE",
-                   help="YAML file with ModelRoute / ModelServer / Endpoints documents")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", "-c", metavar="FILE",
+                        help="YAML file with ModelRoute / ModelServer / Endpoints documents")
+    source.add_argument("--kubernetes", action="store_true",
+                        help="follow the cluster: watch ModelRoute, ModelServer, ExternalModelProvider, their "
+                             "credential Secrets and Pods (in-cluster credentials unless --kubeconfig)")
+    p.add_argument("--kubeconfig", default="", metavar="FILE",
+                   help="Kubernetes mode: kubeconfig file (default: in-cluster service-account credentials)")
+    p.add_argument("--kube-context", default="", help="Kubernetes mode: kubeconfig context (default: current)")
+    p.add_argument("--namespace", default="",
+                   help="Kubernetes mode: watch only this namespace (a Role suffices); default: all namespaces")
+    p.add_argument("--kube-watch-timeout-s", type=float, default=d.kube_watch_timeout_s,
+                   help="Kubernetes mode: server-side timeout of one watch request (it then resumes)")
     p.add_argument("--host", default=d.host, help="client-facing listen address")
     p.add_argument("--port", type=int, default=d.port, help="client-facing listen port")
     p.add_argument("--admin-host", default=d.admin_host, help="admin server address")
@@ -70,7 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from_args(args: argparse.Namespace) -> RouterSettings:
     settings = RouterSettings(
-        config_path=args.config,
+        config_path=args.config or "",
+        kubernetes=args.kubernetes,
+        kubeconfig=args.kubeconfig,
+        kube_context=args.kube_context,
+        namespace=args.namespace,
+        kube_watch_timeout_s=args.kube_watch_timeout_s,
         host=args.host,
         port=args.port,
         admin_host=args.admin_host,
@@ -122,20 +140,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kthena-router: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    from kthena_router.config.errors import ConfigError
-    from kthena_router.config.loader import load_config_file
-
-    try:
-        config = load_config_file(settings.config_path)
-    except ConfigError as exc:
-        print(f"kthena-router: invalid config:\n{exc}", file=sys.stderr)
+    if not settings.kubernetes and (args.kubeconfig or args.kube_context or args.namespace):
+        print("kthena-router: --kubeconfig, --kube-context and --namespace need --kubernetes", file=sys.stderr)
         return EXIT_USAGE
-    except OSError as exc:
-        print(f"kthena-router: cannot read config {settings.config_path}: {exc.strerror or exc}",
-              file=sys.stderr)
-        return EXIT_USAGE
-    for warning in config.warnings:
-        logging.getLogger("kthena_router.config").warning("%s", warning)
+    config = None
+    if settings.kubernetes:
+        code = _check_kube_credentials(settings)
+        if code:
+            return code
+    else:
+        config = _load_config(settings)
+        if config is None:
+            return EXIT_USAGE
     if settings.router_config_path:
         code = _check_router_config(settings.router_config_path)
         if code:
@@ -151,6 +167,45 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"kthena-router: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_PORT_IN_USE if exc.errno == errno.EADDRINUSE else 1
+
+
+def _check_kube_credentials(settings: RouterSettings) -> int:
+    """Load the kubeconfig (or in-cluster credentials) once: a wrong file is a usage error.
+    The apiserver itself is not contacted here (it may be down; the watch retries)."""
+    import asyncio
+
+    from kthena_router.kube.client import connect
+
+    async def check() -> None:
+        api = await connect(settings.kubeconfig, settings.kube_context)
+        await api.close()
+
+    try:
+        asyncio.run(check())
+    except Exception as exc:
+        where = settings.kubeconfig or "in-cluster service account (use --kubeconfig outside a pod)"
+        print(f"kthena-router: cannot load Kubernetes credentials from {where}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
+
+
+def _load_config(settings: RouterSettings) -> Any:
+    """The config file, validated (None after printing why it cannot be used)."""
+    from kthena_router.config.errors import ConfigError
+    from kthena_router.config.loader import load_config_file
+
+    try:
+        config = load_config_file(settings.config_path)
+    except ConfigError as exc:
+        print(f"kthena-router: invalid config:\n{exc}", file=sys.stderr)
+        return None
+    except OSError as exc:
+        print(f"kthena-router: cannot read config {settings.config_path}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return None
+    for warning in config.warnings:
+        logging.getLogger("kthena_router.config").warning("%s", warning)
+    return config
 
 
 if __name__ == "__main__":

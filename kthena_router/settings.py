@@ -18,6 +18,7 @@ SETTINGS_ENV = "KTHENA_ROUTER_SETTINGS"
 PROMETHEUS_SUBDIR = "prometheus"
 RELOAD_TRIGGER_NAME = "reload-trigger"
 DRAIN_MARKER_NAME = "draining"
+KUBE_CONFIG_NAME = "kubernetes-config.yaml"  # Kubernetes mode: the config the supervisor renders
 
 
 class SettingsError(ValueError):
@@ -86,6 +87,18 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Access log lines are buffered and written at most this long after the request."""
     response_id_cache_size: int = 100_000
     """Responses API: response ids (-> the engine that stored them) remembered per worker."""
+    kubernetes: bool = False
+    """Kubernetes mode: the supervisor watches the cluster and renders the config into
+    `<runtime_dir>/kubernetes-config.yaml` (config_path), which the workers load and watch."""
+    kubeconfig: str = ""
+    """Kubernetes mode: kubeconfig file; empty = in-cluster service-account credentials."""
+    kube_context: str = ""
+    """Kubernetes mode: kubeconfig context (empty: its current-context)."""
+    namespace: str = ""
+    """Kubernetes mode: watch this namespace only (a Role suffices); empty = every namespace."""
+    kube_watch_timeout_s: float = 300.0
+    """Kubernetes mode: server-side timeout of one watch request (then it resumes from the last
+    resourceVersion; also how soon a revoked permission is noticed)."""
     app_factory: str = "kthena_router.app:create_app"
     """granian target (module:factory) of the workers; changed only by tests of the supervisor."""
 
@@ -93,7 +106,12 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def resolved(self) -> "RouterSettings":
         """Copy with absolute paths and defaults that depend on runtime_dir filled in."""
-        config_path = str(Path(self.config_path).expanduser().resolve())
+        config_path = self.config_path
+        if self.kubernetes and not config_path and self.runtime_dir:
+            config_path = str(Path(self.runtime_dir) / KUBE_CONFIG_NAME)
+        if config_path:
+            config_path = str(Path(config_path).expanduser().resolve())
+        kubeconfig = str(Path(self.kubeconfig).expanduser().resolve()) if self.kubeconfig else ""
         router_config = self.router_config_path
         if router_config:
             router_config = str(Path(router_config).expanduser().resolve())
@@ -104,7 +122,7 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if not trigger and self.runtime_dir:
             trigger = str(Path(self.runtime_dir) / RELOAD_TRIGGER_NAME)
         return msgspec.structs.replace(self, config_path=config_path, reload_trigger_path=trigger,
-                                       router_config_path=router_config, access_log=access_log)
+                                       kubeconfig=kubeconfig, router_config_path=router_config, access_log=access_log)
 
     def validate(self) -> None:
         """Raise SettingsError on values that cannot work."""
@@ -129,6 +147,10 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise SettingsError(f"access_log_flush_s must be > 0, got {self.access_log_flush_s}")
         if self.response_id_cache_size < 1:
             raise SettingsError(f"response_id_cache_size must be >= 1, got {self.response_id_cache_size}")
+        if self.kube_watch_timeout_s < 1:
+            raise SettingsError(f"kube_watch_timeout_s must be >= 1, got {self.kube_watch_timeout_s}")
+        if not self.kubernetes and not self.config_path:
+            raise SettingsError("a config file (--config) or Kubernetes mode (--kubernetes) is required")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise SettingsError(f"log_level must be debug|info|warning|error, got {self.log_level!r}")
 

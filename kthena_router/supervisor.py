@@ -25,6 +25,7 @@ import shutil
 import socket
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +101,14 @@ def logging_config(level: str) -> dict[str, Any]:
 class Supervisor:
     """Runs the router until SIGTERM/SIGINT; `run()` returns the process exit code."""
 
-    def __init__(self, settings: RouterSettings, initial_config: RouterConfig) -> None:
+    def __init__(self, settings: RouterSettings, initial_config: RouterConfig | None,
+                 on_view: Sequence[Any] = ()) -> None:
+        """`initial_config`: the validated config file (None in Kubernetes mode, where the
+        watch renders it); `on_view`: Kubernetes mode's ClusterView hooks (kube/source.py)."""
         self.settings = settings
         self.initial_config = initial_config
+        self.on_view = on_view
+        self.kube: Any = None  # KubeSource in Kubernetes mode
         self._server: Any = None
         self._known_pids: set[int] = set()
         self._stop = threading.Event()
@@ -157,8 +163,20 @@ class Supervisor:
         from kthena_router.admin import AdminServer, SupervisorView
 
         view = SupervisorView(settings, self.worker_pids)
-        admin = AdminServer(view, self.initial_config)
+        initial = self.initial_config
+        if settings.kubernetes:
+            # One watch set per router, here in the parent; the workers load the rendered file.
+            from kthena_router.config.loader import load_config_file
+            from kthena_router.kube.source import KubeSource
+
+            self.kube = view.kube = KubeSource(settings, self.on_view)
+            self.kube.write_initial()
+            initial = load_config_file(settings.config_path)
+        assert initial is not None
+        admin = AdminServer(view, initial)
         admin.start()
+        if self.kube is not None:
+            self.kube.start()
         log.info("admin server on http://%s:%d", settings.admin_host, settings.admin_port)
 
         supervisor = self
@@ -211,6 +229,8 @@ class Supervisor:
             code = exc.code if isinstance(exc.code, int) else 1
         finally:
             self._stop.set()
+            if self.kube is not None:
+                self.kube.stop()
             reaper.join(timeout=5)
             admin.stop()
         if code:
@@ -233,13 +253,13 @@ def _process_name(settings: RouterSettings) -> str | None:
     return f"kthena-router {settings.host}:{settings.port}"
 
 
-def run(settings: RouterSettings, initial_config: RouterConfig) -> int:
+def run(settings: RouterSettings, initial_config: RouterConfig | None, on_view: Sequence[Any] = ()) -> int:
     """Prepare the runtime dir, run the router, clean up; returns the exit code."""
     check_port_free(settings.host, settings.port, "listen address")
     check_port_free(settings.admin_host, settings.admin_port, "admin address")
     resolved, created = prepare_runtime_dir(settings)
     try:
-        return Supervisor(resolved, initial_config).run()
+        return Supervisor(resolved, initial_config, on_view).run()
     finally:
         if created:
             shutil.rmtree(resolved.runtime_dir, ignore_errors=True)
