@@ -1,15 +1,12 @@
-"""Minimal permissive CRDs for the router's Kubernetes-mode tests.
-
-Same group/version/kind/plural as Kthena's networking CRDs, spec accepted as is
-(`x-kubernetes-preserve-unknown-fields`), a status subresource. Swap `crd_docs()` for the
-real CRDs (configs/crds) once they are merged: the tests only call `install_crds()`.
-"""
+"""CRDs for the router's Kubernetes-mode tests: `install_crds()` installs the real ones
+(configs/crds); `crd_docs()` are permissive ones (spec accepted as is), same group, version,
+kind and plural, kept for tests that need an object the real schema would refuse."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import harness
+import k8s_crds
 import k8s_harness
 
 GROUP = "networking.serving.volcano.sh"
@@ -35,12 +32,5 @@ def crd_docs() -> list[dict[str, Any]]:
 
 
 def install_crds(cp: k8s_harness.ControlPlane) -> None:
-    existing = cp.kubectl("get", "crd", "-o", "name", check=False).stdout
-    if all(f"{plural}.{GROUP}" in existing for plural in KINDS.values()):
-        return  # the real CRDs (or ours) are there already
-    cp.apply(crd_docs(), "--force-conflicts")
-    with cp.client() as api:
-        def served() -> bool:
-            return all(api.get(f"/apis/{GROUP}/v1alpha1/namespaces/default/{p}").status_code == 200
-                       for p in KINDS.values())
-        harness.wait_until(served, 60, interval=0.2, what="CRDs served")
+    """The project's real CRDs (configs/crds); `crd_docs()` stays for tests of a permissive schema."""
+    k8s_crds.install_crds(cp)

@@ -135,12 +135,13 @@ def test_bad_edit_keeps_last_good_and_conflicting_routes_oldest_wins(env: dict[s
     wait_model(router, "keep")
     client = router.openai()
     eventually(lambda: bool(_try(client, "keep")), what="keep served")
-    # a bad edit: port out of range -> the last good version stays, the problem is reported
-    c.patch("ModelServer", "keep", {"spec": {"workloadPort": {"port": 70000}}})
+    # a bad edit the CRD lets through but the router refuses (kvConnector on an SGLang server:
+    # it would have no effect) -> the last good version stays, the problem is reported
+    c.patch("ModelServer", "keep", {"spec": {"inferenceEngine": "SGLang", "kvConnector": {"type": "nixl"}}})
     eventually(lambda: metric(router, "kthena_router_kube_invalid_objects", kind="ModelServer") >= 1,
                what="invalid ModelServer counted")
     assert "invalid ModelServer kube-router-main/keep" in router.process.stderr()
-    assert "spec.workloadPort.port" in router.process.stderr()
+    assert "spec.kvConnector" in router.process.stderr()
     # a brand-new invalid object is left out, the others keep working
     c.create(route("broken", "broken", [("does-not-exist", None)], NS))
     eventually(lambda: metric(router, "kthena_router_kube_invalid_objects", kind="ModelRoute") >= 1,
@@ -161,7 +162,7 @@ def test_bad_edit_keeps_last_good_and_conflicting_routes_oldest_wins(env: dict[s
         assert _chat(client, "keep")
     assert sims[2].received()[0] == 4 and sims[0].received()[0] == 0
     # repaired: valid again
-    c.patch("ModelServer", "keep", {"spec": {"workloadPort": {"port": port}}})
+    c.patch("ModelServer", "keep", {"spec": {"inferenceEngine": "vLLM", "kvConnector": None}})
     c.delete("ModelRoute", "broken")
     eventually(lambda: metric(router, "kthena_router_kube_invalid_objects", kind="ModelServer") == 0
                and metric(router, "kthena_router_kube_invalid_objects", kind="ModelRoute") == 0, what="valid again")
