@@ -64,16 +64,21 @@ class _Gone(Exception):
 class Reflector:
     def __init__(self, api: KubeApi, resource: Resource, on_change: Callable[[], None],
                  on_error: Callable[[str, str], None], *, watch_timeout_s: float = 300.0,
-                 transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+                 transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                 on_object: Callable[[Key, dict[str, Any] | None, dict[str, Any] | None], None] | None = None,
+                 ) -> None:
         """`on_change()` after every change of the store; `on_error(resource, reason)` per failure
         (reason: forbidden | not_found | gone | unavailable | error). `transform` trims each
-        object before it is stored (e.g. a pod down to what endpoints need)."""
+        object before it is stored (e.g. a pod down to what endpoints need). `on_object(key, old,
+        new)` per changed object (new None: deleted; old None: added), also for the differences a
+        re-list finds (a controller maps objects to the keys it must reconcile)."""
         self.api = api
         self.resource = resource
         self.on_change = on_change
         self.on_error = on_error
         self.watch_timeout_s = watch_timeout_s
         self.transform = transform or (lambda o: o)
+        self.on_object = on_object
         self.store: dict[Key, dict[str, Any]] = {}
         self.resource_version = ""
         self.synced = False  # a first list completed
@@ -121,7 +126,12 @@ class Reflector:
         store = {}
         for obj in items:
             store[self.key_of(obj)] = self.transform(obj)
-        self.store = store
+        old, self.store = self.store, store
+        if self.on_object is not None:
+            for key in old.keys() | store.keys():
+                before, after = old.get(key), store.get(key)
+                if before is None or after is None or _rv(before) != _rv(after):
+                    self.on_object(key, before, after)
         self.resource_version = rv
         self.synced = True
         self.last_error = ""
@@ -148,17 +158,26 @@ class Reflector:
                     self.resource_version = rv
                 continue
             key = self.key_of(obj)
+            before = self.store.get(key)
+            after: dict[str, Any] | None
             if kind in ("ADDED", "MODIFIED"):
-                self.store[key] = self.transform(obj)
+                after = self.store[key] = self.transform(obj)
             elif kind == "DELETED":
-                self.store.pop(key, None)
+                before = self.store.pop(key, None) or self.transform(obj)
+                after = None
             else:
                 continue
+            if self.on_object is not None:
+                self.on_object(key, before, after)
             if rv:
                 self.resource_version = rv
             self.last_error = ""
             self.backoff.reset()
             self.on_change()
+
+
+def _rv(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
 def _describe(exc: Exception, res: Resource) -> tuple[str, str]:

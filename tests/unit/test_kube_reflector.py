@@ -76,3 +76,39 @@ def test_backoff_is_jittered_and_capped() -> None:
     assert len(set(delays)) > 10
     b.reset()
     assert b.failures == 0
+
+
+def test_on_object_reports_every_change_including_relist_differences() -> None:
+    """on_object(key, old, new) per changed object: watch events, and what a re-list after 410
+    finds changed (a, gone; b, modified; d, new; c unchanged: not reported)."""
+    api = ScriptedApi()
+    api.lists = [([obj("a", "1"), obj("b", "2"), obj("c", "3")], "10"),
+                 ([obj("b", "31"), obj("c", "3"), obj("d", "32")], "40")]
+    api.watches = [
+        [{"type": "MODIFIED", "object": obj("a", "11")}, {"type": "DELETED", "object": obj("a", "12")},
+         {"type": "ADDED", "object": obj("a", "13")}],
+        [{"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}],
+    ]
+    seen: list[tuple[str, str | None, str | None]] = []
+
+    def on_object(key: tuple[str, str], old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        rv = lambda o: None if o is None else o["metadata"]["resourceVersion"]  # noqa: E731
+        seen.append((key[1], rv(old), rv(new)))
+
+    r = Reflector(api, Resource("things", "/x", {}), lambda: None, lambda res, reason: None,  # type: ignore[arg-type]
+                  on_object=on_object)
+    r.backoff = Backoff(base=0.001, cap=0.001, floor=0.0)
+
+    async def main() -> None:
+        task = asyncio.create_task(r.run())
+        for _ in range(200):
+            await asyncio.sleep(0.005)
+            if r.lists == 2:
+                break
+        task.cancel()
+
+    asyncio.run(main())
+    first_list = sorted(seen[:3])
+    assert first_list == [("a", None, "1"), ("b", None, "2"), ("c", None, "3")]
+    assert seen[3:6] == [("a", "1", "11"), ("a", "11", None), ("a", None, "13")]
+    assert sorted(seen[6:]) == [("a", "13", None), ("b", "2", "31"), ("d", None, "32")]

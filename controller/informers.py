@@ -1,0 +1,116 @@
+"""Informers: list+watch of ModelServings and of the pods and Services they own, in local
+stores (kthena_router.kube.reflector: bookmarks, re-list on 410 Gone, backoff), with an
+owner index, feeding the work queue.
+
+Every change of a ModelServing enqueues its key; every change of an owned pod or Service
+enqueues its owner's key (before and after the change, so moving ownership is seen on both
+sides). Pods and Services are watched with Kthena's selector (the group-name label exists)
+and owned by their controller ownerReference to a ModelServing. Pods are trimmed to what
+the controller reads (metadata and status phase/conditions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from kthena_router.kube.client import KubeApi
+from kthena_router.kube.reflector import Reflector, Resource
+
+from . import naming as n
+
+__all__ = ["Informers", "Key", "owner_key"]
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (namespace, name)
+Obj = dict[str, Any]
+
+_SELECTOR = {"labelSelector": n.LABEL_GROUP}
+
+
+def owner_key(obj: Obj) -> tuple[Key, str] | None:
+    """(the owning ModelServing's key, its uid) from the controller ownerReference."""
+    meta = obj.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == n.KIND and ref.get("apiVersion") == n.GROUP_VERSION:
+            return (str(meta.get("namespace") or ""), str(ref.get("name") or "")), str(ref.get("uid") or "")
+    return None
+
+
+def _trim_pod(pod: Obj) -> Obj:
+    meta = pod.get("metadata") or {}
+    st = pod.get("status") or {}
+    keep = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations", "ownerReferences",
+            "deletionTimestamp", "creationTimestamp")
+    return {"metadata": {k: meta[k] for k in keep if k in meta},
+            "status": {"phase": st.get("phase"), "conditions": st.get("conditions") or []}}
+
+
+def _path(namespace: str, api_version: str, plural: str) -> str:
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
+
+
+class Informers:
+    def __init__(self, api: KubeApi, namespace: str, enqueue: Callable[[Key], None],
+                 watch_timeout_s: float = 300.0) -> None:
+        """`namespace`: watch one namespace, or all when empty."""
+        self.enqueue = enqueue
+        self._owned: dict[str, dict[Key, set[Key]]] = {"pods": defaultdict(set), "services": defaultdict(set)}
+        self.modelservings = Reflector(
+            api, Resource("modelservings", _path(namespace, n.GROUP_VERSION, "modelservings"), {}),
+            lambda: None, self._error, watch_timeout_s=watch_timeout_s,
+            on_object=lambda key, old, new: self.enqueue(key))
+        self.pods = Reflector(
+            api, Resource("pods", _path(namespace, "v1", "pods"), dict(_SELECTOR)), lambda: None, self._error,
+            watch_timeout_s=watch_timeout_s, transform=_trim_pod,
+            on_object=lambda key, old, new: self._child("pods", key, old, new))
+        self.services = Reflector(
+            api, Resource("services", _path(namespace, "v1", "services"), dict(_SELECTOR)), lambda: None, self._error,
+            watch_timeout_s=watch_timeout_s,
+            on_object=lambda key, old, new: self._child("services", key, old, new))
+        self.reflectors = (self.modelservings, self.pods, self.services)
+
+    @property
+    def synced(self) -> bool:
+        return all(r.synced for r in self.reflectors)
+
+    def _error(self, resource: str, reason: str) -> None:
+        log.debug("informer %s: %s", resource, reason)
+
+    def _child(self, kind: str, key: Key, old: Obj | None, new: Obj | None) -> None:
+        index = self._owned[kind]
+        before = owner_key(old) if old is not None else None
+        after = owner_key(new) if new is not None else None
+        if before is not None and (after is None or before[0] != after[0]):
+            index[before[0]].discard(key)
+            if not index[before[0]]:
+                del index[before[0]]
+        if after is not None:
+            index[after[0]].add(key)
+        for o in {x[0] for x in (before, after) if x is not None}:
+            self.enqueue(o)
+
+    def modelserving(self, key: Key) -> Obj | None:
+        return self.modelservings.store.get(key)
+
+    def owned(self, kind: str, key: Key, uid: str) -> list[Obj]:
+        """The live objects of `kind` (pods | services) whose controller is that ModelServing
+        incarnation (uid), not being deleted."""
+        store = self.pods.store if kind == "pods" else self.services.store
+        out = []
+        for k in sorted(self._owned[kind].get(key, ())):
+            obj = store.get(k)
+            if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            ok = owner_key(obj)
+            if ok is not None and ok[1] == uid:
+                out.append(obj)
+        return out
+
+    async def run(self) -> None:
+        await asyncio.gather(*(r.run() for r in self.reflectors))

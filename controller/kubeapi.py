@@ -1,0 +1,99 @@
+"""The controller's writes: create, delete (with a uid precondition), replace status.
+
+Raw JSON through kubernetes-asyncio's ApiClient (as kthena_router.kube.client reads), so
+objects stay plain dicts. Every write first asks `is_leader()`: a replica that lost the
+Lease stops writing at once, even in the middle of a reconcile.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from kthena_router.kube.client import ApiError, KubeApi
+
+from .workqueue import RetryableError
+
+__all__ = ["Conflict", "NotLeader", "Writer", "collection_path", "object_path"]
+
+FIELD_MANAGER = "kthena-controller"
+
+
+class NotLeader(RetryableError):
+    pass
+
+
+class Conflict(RetryableError):
+    """409: the object changed since it was read (or already exists)."""
+
+
+def collection_path(api_version: str, plural: str, namespace: str) -> str:
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{base}/namespaces/{namespace}/{plural}"
+
+
+def object_path(api_version: str, plural: str, namespace: str, name: str) -> str:
+    return f"{collection_path(api_version, plural, namespace)}/{name}"
+
+
+class Writer:
+    def __init__(self, api: KubeApi, is_leader: Callable[[], bool] = lambda: True, timeout_s: float = 30.0) -> None:
+        self.api = api
+        self.is_leader = is_leader
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.writes = 0  # requests sent (tests, logs)
+
+    async def _call(self, method: str, path: str, body: Any, query: list[tuple[str, Any]] | None = None
+                    ) -> tuple[int, dict[str, Any]]:
+        if not self.is_leader():
+            raise NotLeader(f"not the leader: {method} {path} not sent")
+        self.writes += 1
+        resp = await self.api.api.call_api(
+            path, method, query_params=query or [], body=body,
+            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            auth_settings=["BearerToken"], _preload_content=False, _request_timeout=self.timeout)
+        try:
+            raw = await resp.read()
+        finally:
+            resp.release()
+        try:
+            data = json.loads(raw) if raw else {}
+        except ValueError:
+            data = {"message": raw[:300].decode(errors="replace")}
+        return resp.status, data
+
+    @staticmethod
+    def _error(status: int, data: dict[str, Any]) -> ApiError:
+        return ApiError(status, str(data.get("reason") or ""), str(data.get("message") or ""))
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The created object, or None when one of that name exists already."""
+        status, data = await self._call("POST", path, body, [("fieldManager", FIELD_MANAGER)])
+        if status == 409 and data.get("reason") == "AlreadyExists":
+            return None
+        if not 200 <= status <= 299:
+            raise self._error(status, data)
+        return data
+
+    async def delete(self, path: str, uid: str) -> bool:
+        """Delete that incarnation only (uid precondition); False if it is gone already or replaced."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid},
+                "propagationPolicy": "Background"}
+        status, data = await self._call("DELETE", path, body)
+        if status in (404, 409):
+            return False
+        if not 200 <= status <= 299:
+            raise self._error(status, data)
+        return True
+
+    async def replace_status(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT .../status carrying obj's resourceVersion (optimistic concurrency)."""
+        status, data = await self._call("PUT", path + "/status", obj, [("fieldManager", FIELD_MANAGER)])
+        if status == 409:
+            raise Conflict(f"status of {path}: {data.get('message', 'conflict')}")
+        if not 200 <= status <= 299:
+            raise self._error(status, data)
+        return data

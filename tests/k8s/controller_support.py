@@ -1,0 +1,108 @@
+"""Helpers of the ModelServing controller's tests on the real apiserver: the controller as a
+real process (python -m controller), ModelServing documents, pod/Service reads, pod status."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import harness
+import k8s_harness
+
+API = "workload.serving.volcano.sh/v1alpha1"
+LABEL_GROUP = "modelserving.volcano.sh/group-name"
+
+
+def start_controller(cp: k8s_harness.ControlPlane, ns: str, log_dir: Path, identity: str,
+                     lease: tuple[float, float, float] = (3.0, 2.0, 0.3)) -> harness.ManagedProcess:
+    duration, deadline, retry = lease
+    return harness.ManagedProcess(f"controller-{identity}", [
+        harness.PYTHON, "-m", "controller", "--kubeconfig", str(cp.kubeconfig), "--namespace", ns,
+        "--leader-elect-namespace", ns, "--leader-elect-identity", identity, "--workers", "2",
+        "--leader-elect-lease-duration", str(duration), "--leader-elect-renew-deadline", str(deadline),
+        "--leader-elect-retry-period", str(retry)], log_dir)
+
+
+def template(image: str, **meta: Any) -> dict[str, Any]:
+    return {"metadata": meta, "spec": {"containers": [{"name": "engine", "image": image,
+                                                       "env": [{"name": "MODEL", "value": "m"}]}]}}
+
+
+def modelserving(name: str, ns: str, replicas: int, roles: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "ModelServing", "metadata": {"name": name, "namespace": ns},
+            "spec": {"replicas": replicas, "template": {"roles": roles}, **spec}}
+
+
+class Api:
+    def __init__(self, cp: k8s_harness.ControlPlane, ns: str) -> None:
+        self.cp, self.ns = cp, ns
+        self.http = cp.client()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def ms(self, name: str) -> dict[str, Any] | None:
+        r = self.http.get(f"/apis/{API}/namespaces/{self.ns}/modelservings/{name}")
+        if r.status_code == 404:
+            return None
+        r.raise_for_status()
+        return r.json()
+
+    def owned(self, kind: str, ms: str) -> dict[str, dict[str, Any]]:
+        """Live pods or Services of that ModelServing, by name."""
+        r = self.http.get(f"/api/v1/namespaces/{self.ns}/{kind}",
+                          params={"labelSelector": f"modelserving.volcano.sh/name={ms}"})
+        r.raise_for_status()
+        return {o["metadata"]["name"]: o for o in r.json()["items"]}
+
+    def pods(self, ms: str) -> dict[str, dict[str, Any]]:
+        return self.owned("pods", ms)
+
+    def services(self, ms: str) -> dict[str, dict[str, Any]]:
+        return self.owned("services", ms)
+
+    def set_ready(self, pod: str, ready: bool = True) -> None:
+        status = {"status": {"phase": "Running",
+                             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+        r = self.http.patch(f"/api/v1/namespaces/{self.ns}/pods/{pod}/status", json=status,
+                            headers={"Content-Type": "application/merge-patch+json"})
+        assert r.status_code == 200, r.text
+
+    def annotate(self, pod: str, annotations: dict[str, str]) -> None:
+        r = self.http.patch(f"/api/v1/namespaces/{self.ns}/pods/{pod}", json={"metadata": {"annotations": annotations}},
+                            headers={"Content-Type": "application/merge-patch+json"})
+        assert r.status_code == 200, r.text
+
+    def delete(self, kind: str, name: str) -> None:
+        r = self.http.delete(f"/api/v1/namespaces/{self.ns}/{kind}/{name}")
+        assert r.status_code == 200, r.text
+
+    def wait_pods(self, ms: str, names: set[str], timeout: float = 30) -> dict[str, dict[str, Any]]:
+        def exact() -> dict[str, dict[str, Any]] | None:
+            pods = self.pods(ms)
+            return pods if set(pods) == names else None
+        try:
+            return harness.wait_until(exact, timeout, interval=0.1, what=f"pods of {ms} == {sorted(names)}")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}: have {sorted(self.pods(ms))}") from None
+
+    def wait_status(self, ms: str, timeout: float = 30, **want: Any) -> dict[str, Any]:
+        def match() -> dict[str, Any] | None:
+            obj = self.ms(ms)
+            st = (obj or {}).get("status") or {}
+            return obj if all(st.get(k) == v for k, v in want.items()) else None
+        try:
+            return harness.wait_until(match, timeout, interval=0.1, what=f"status of {ms} has {want}")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}: status {(self.ms(ms) or {}).get('status')}") from None
+
+
+def condition(obj: dict[str, Any], ctype: str) -> str | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == ctype:
+            return c["status"]
+    return None
+
+
+def env(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0].get("env") or []}
