@@ -40,6 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Kubernetes mode: watch only this namespace (a Role suffices); default: all namespaces")
     p.add_argument("--kube-watch-timeout-s", type=float, default=d.kube_watch_timeout_s,
                    help="Kubernetes mode: server-side timeout of one watch request (it then resumes)")
+    p.add_argument("--no-status", dest="kube_status", action="store_false",
+                   help="Kubernetes mode: do not write the objects' status (and hold no Lease); "
+                        "default: the replica holding the Lease writes it (docs/kubernetes-status.md)")
+    p.add_argument("--status-lease-name", dest="lease_name", default=d.lease_name, metavar="NAME",
+                   help="Kubernetes mode: the coordination.k8s.io Lease electing the replica that writes status")
+    p.add_argument("--status-lease-namespace", dest="lease_namespace", default="", metavar="NS",
+                   help="Kubernetes mode: the Lease's namespace (default: $POD_NAMESPACE, the in-cluster "
+                        "service account's namespace, --namespace, else default)")
+    p.add_argument("--leader-identity", default="", metavar="ID",
+                   help="Kubernetes mode: this replica's holderIdentity in the Lease (default: $POD_NAME, "
+                        "else HOSTNAME_RANDOM)")
     p.add_argument("--host", default=d.host, help="client-facing listen address")
     p.add_argument("--port", type=int, default=d.port, help="client-facing listen port")
     p.add_argument("--admin-host", default=d.admin_host, help="admin server address")
@@ -89,6 +100,10 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         kube_context=args.kube_context,
         namespace=args.namespace,
         kube_watch_timeout_s=args.kube_watch_timeout_s,
+        kube_status=args.kube_status,
+        lease_name=args.lease_name,
+        lease_namespace=args.lease_namespace,
+        leader_identity=args.leader_identity,
         host=args.host,
         port=args.port,
         admin_host=args.admin_host,
@@ -108,7 +123,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         access_log=args.access_log,
         access_log_flush_s=args.access_log_flush_s,
         response_id_cache_size=args.response_id_cache_size,
-    ).resolved()
+    ).resolved().with_kube_identity()
     settings.validate()
     return settings
 
@@ -140,8 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kthena-router: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    if not settings.kubernetes and (args.kubeconfig or args.kube_context or args.namespace):
-        print("kthena-router: --kubeconfig, --kube-context and --namespace need --kubernetes", file=sys.stderr)
+    kube_only = (args.kubeconfig or args.kube_context or args.namespace or not args.kube_status
+                 or args.lease_name != RouterSettings(config_path="").lease_name or args.lease_namespace
+                 or args.leader_identity)
+    if not settings.kubernetes and kube_only:
+        print("kthena-router: --kubeconfig, --kube-context, --namespace, --no-status, --status-lease-name, "
+              "--status-lease-namespace and --leader-identity need --kubernetes", file=sys.stderr)
         return EXIT_USAGE
     config = None
     if settings.kubernetes:

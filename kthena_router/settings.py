@@ -8,6 +8,8 @@ app factory runs (`from_env()`), never at import time.
 from __future__ import annotations
 
 import os
+import socket
+import uuid
 from pathlib import Path
 
 import msgspec
@@ -19,6 +21,10 @@ PROMETHEUS_SUBDIR = "prometheus"
 RELOAD_TRIGGER_NAME = "reload-trigger"
 DRAIN_MARKER_NAME = "draining"
 KUBE_CONFIG_NAME = "kubernetes-config.yaml"  # Kubernetes mode: the config the supervisor renders
+DEFAULT_LEASE_NAME = "kthena-router"
+# In a pod: the downward API (configs/deploy/router/base/deployment.yaml) and the mounted token's namespace.
+POD_NAMESPACE_ENV, POD_NAME_ENV = "POD_NAMESPACE", "POD_NAME"
+SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 class SettingsError(ValueError):
@@ -99,6 +105,18 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kube_watch_timeout_s: float = 300.0
     """Kubernetes mode: server-side timeout of one watch request (then it resumes from the last
     resourceVersion; also how soon a revoked permission is noticed)."""
+    kube_status: bool = True
+    """Kubernetes mode: write the status of the watched objects (the Lease holder only) and
+    campaign for the Lease; off with --no-status (then no Lease and no write permission needed)."""
+    lease_name: str = DEFAULT_LEASE_NAME
+    """Kubernetes mode: name of the coordination.k8s.io Lease electing the status writer."""
+    lease_namespace: str = ""
+    """Kubernetes mode: the Lease's namespace (the router's own). Empty: filled in at startup by
+    `with_kube_identity()` from POD_NAMESPACE, the service account's namespace file, --namespace,
+    else "default"."""
+    leader_identity: str = ""
+    """Kubernetes mode: this replica's holderIdentity in the Lease. Empty: filled in at startup
+    from POD_NAME, else `<hostname>_<random>`."""
     app_factory: str = "kthena_router.app:create_app"
     """granian target (module:factory) of the workers; changed only by tests of the supervisor."""
 
@@ -123,6 +141,25 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             trigger = str(Path(self.runtime_dir) / RELOAD_TRIGGER_NAME)
         return msgspec.structs.replace(self, config_path=config_path, reload_trigger_path=trigger,
                                        kubeconfig=kubeconfig, router_config_path=router_config, access_log=access_log)
+
+    def with_kube_identity(self, environ: "os._Environ[str] | dict[str, str] | None" = None,
+                           sa_namespace_file: str = SA_NAMESPACE_FILE) -> "RouterSettings":
+        """Kubernetes mode, at startup (the parent): the Lease's namespace and this replica's
+        identity when not given, from the pod's environment (never read at import)."""
+        if not self.kubernetes or not self.kube_status:
+            return self
+        env = os.environ if environ is None else environ
+        namespace = self.lease_namespace or env.get(POD_NAMESPACE_ENV, "").strip()
+        if not namespace and not self.kubeconfig:  # in-cluster: the service account's namespace
+            try:
+                namespace = Path(sa_namespace_file).read_text().strip()
+            except OSError:
+                namespace = ""
+        namespace = namespace or self.namespace or "default"
+        identity = self.leader_identity or env.get(POD_NAME_ENV, "").strip()
+        if not identity:  # client-go's default: unique per process, readable in the Lease
+            identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:10]}"
+        return msgspec.structs.replace(self, lease_namespace=namespace, leader_identity=identity)
 
     def validate(self) -> None:
         """Raise SettingsError on values that cannot work."""
@@ -149,6 +186,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise SettingsError(f"response_id_cache_size must be >= 1, got {self.response_id_cache_size}")
         if self.kube_watch_timeout_s < 1:
             raise SettingsError(f"kube_watch_timeout_s must be >= 1, got {self.kube_watch_timeout_s}")
+        if self.kubernetes and self.kube_status and not self.lease_name:
+            raise SettingsError("the status Lease needs a name (--status-lease-name)")
         if not self.kubernetes and not self.config_path:
             raise SettingsError("a config file (--config) or Kubernetes mode (--kubernetes) is required")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):

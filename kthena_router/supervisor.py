@@ -152,6 +152,13 @@ class Supervisor:
         settings = self.settings
         # Before anything imports prometheus_client: it picks file-backed values at import.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = settings.prometheus_dir
+        # The startup check of --router-config may have imported prometheus_client already (in
+        # single-process mode): the parent's metrics (admin reloads, Kubernetes watch and status)
+        # would then stay in memory, never reaching /metrics. Metrics created from here on are
+        # file-backed; those created before are workers' metrics the parent never uses.
+        import prometheus_client.values as prom_values
+
+        prom_values.ValueClass = prom_values.get_value_class()
         os.environ.update(settings.to_env())
         # Fresh interpreters for workers: no inherited admin thread, locks or metric state.
         multiprocessing.set_start_method("spawn", force=True)

@@ -7,6 +7,7 @@ from typing import Any
 
 from .checks import (
     Ctx,
+    ErrorSink,
     check_enum,
     check_int,
     check_list,
@@ -69,7 +70,7 @@ def parse_model_route(c: Ctx, meta: ObjectMeta, v: Any, order: int) -> ModelRout
             if rule is not None:
                 rules.append(rule)
     rate_limit = _rate_limit(c, spec.get("rateLimit"), "spec.rateLimit")  # enforced by kthena_router.ratelimit
-    sticky = _session_sticky(c, spec.get("sessionSticky"), "spec.sessionSticky")
+    sticky = parse_route_session_sticky(c, spec.get("sessionSticky"), "spec.sessionSticky")
     if len(c.problems) > before:
         return None
     return ModelRoute(
@@ -220,8 +221,9 @@ def _rate_limit(c: Ctx, v: Any, path: str) -> RateLimit | None:
                      global_redis_address=redis_addr)
 
 
-def _session_sticky(c: Ctx, v: Any, path: str) -> SessionSticky | None:
-    """Kthena's proposal: absent or null = off; present = on, with 1..16 sources."""
+def parse_route_session_sticky(c: ErrorSink, v: Any, path: str) -> SessionSticky | None:
+    """Kthena's proposal: absent or null = off; present = on, with 1..16 sources. Also the
+    router configuration's per-route overrides (sessionSticky.routes, session/config.py)."""
     if v is None:
         return None
     m = check_mapping(c, v, path, ("sources", "sessionAffinitySeconds"))

@@ -23,12 +23,12 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
 
-from kthena_router.config.errors import ConfigError
+from kthena_router.config.errors import ConfigError, ConfigProblem
 from kthena_router.config.loader import API_OURS, config_from_objects
 from kthena_router.config.model import RouterConfig
 from kthena_router.config.external_provider_parse import SECRET_LABEL
@@ -181,6 +181,7 @@ class Assembler:
                 current[(kind, ns, name)] = obj
         chosen: dict[ObjectKey, dict[str, Any]] = dict(current)
         problems: dict[ObjectKey, list[str]] = {}
+        details: dict[ObjectKey, list[ConfigProblem]] = {}  # the same, structured (status reasons)
         secrets = {k: s for k, s in snap.secrets.items()
                    if ((s.get("metadata") or {}).get("labels") or {}).get(SECRET_LABEL[0]) == SECRET_LABEL[1]}
         dropped: list[str] = []
@@ -199,7 +200,7 @@ class Assembler:
             try:
                 cfg = config_from_objects(docs, source=self.source, digest=digest)
             except ConfigError as err:
-                if not self._set_aside(err, owners, chosen, current, secrets, problems, dropped):
+                if not self._set_aside(err, owners, chosen, current, secrets, problems, details, dropped):
                     raise  # a problem no object can be blamed for: keep the previous state
                 continue
             break
@@ -214,12 +215,13 @@ class Assembler:
         metas = {k: _object_meta(o) for k, o in current.items()}
         ready = _ready_endpoints(cfg)
         view = ClusterView(config=cfg, objects=metas, problems={k: "; ".join(v) for k, v in problems.items()},
-                           ready_endpoints=ready)
+                           ready_endpoints=ready, problem_details={k: tuple(v) for k, v in details.items()})
         return Assembly(view, text, tuple(pod_problems), tuple(dropped))
 
     def _set_aside(self, err: ConfigError, owners: list[tuple[str, Any]], chosen: dict[ObjectKey, dict[str, Any]],
                    current: Mapping[ObjectKey, dict[str, Any]], secrets: dict[Key, dict[str, Any]],
-                   problems: dict[ObjectKey, list[str]], dropped: list[str]) -> bool:
+                   problems: dict[ObjectKey, list[str]], details: dict[ObjectKey, list[ConfigProblem]],
+                   dropped: list[str]) -> bool:
         by_owner: dict[int, list[Any]] = {}
         for p in err.problems:
             m = _DOC_INDEX.match(p.document)
@@ -234,11 +236,14 @@ class Assembler:
                 fallback = self.last_good.get(key)
                 if obj is current.get(key):
                     problems.setdefault(key, []).append(text)
+                    details.setdefault(key, []).extend(probs)
                     if fallback is not None and fallback is not obj and fallback != obj:
                         chosen[key] = fallback  # a bad edit: keep serving the last good version
                         continue
                 else:  # the last good version is refused too (e.g. its target is gone)
                     problems.setdefault(key, []).append(f"its last good version is refused too: {text}")
+                    details.setdefault(key, []).extend(
+                        replace(p, message=f"its last good version is refused too: {p.message}") for p in probs)
                 del chosen[key]
             elif what == "secret":
                 dropped.append(f"Secret {key[0]}/{key[1]}: {text}")

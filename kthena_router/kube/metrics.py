@@ -34,3 +34,13 @@ WATCH_HEALTHY = Gauge(
     "1 while the list/watch of the resource works, 0 while it fails (the last state is served)",
     ["resource"], multiprocess_mode="livemax",
 )
+STATUS_LEADER = Gauge(
+    "kthena_router_kube_status_leader",
+    "1 while this replica holds the status Lease (and is the one writing status), else 0",
+    multiprocess_mode="livemax",
+)
+STATUS_WRITES = Counter(
+    "kthena_router_kube_status_writes_total",
+    "Status subresource writes by the Lease holder: written, conflict (409, re-read and merged), error",
+    ["result"],
+)

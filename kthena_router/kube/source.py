@@ -11,7 +11,9 @@ router replica whatever `--workers` is, and both modes share one apply path.
 It runs on its own asyncio loop in a thread of the parent (like the admin server). Before
 the first full sync (every resource listed once) the file holds an empty config and
 /readyz answers 503. Changes are debounced (a `kubectl apply` of many objects is one
-build). After every sync the `on_view` hooks get the ClusterView (status writing).
+build). After every sync the `on_view` hooks get the ClusterView. Unless --no-status, one of
+them is the StatusPublisher (status_publisher.py): the Lease election and the status writer
+run as tasks of this loop on the same apiserver connection; stopping releases the Lease.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from . import metrics as m
 from .assemble import KINDS, Assembler, Snapshot, render, trim_object, trim_pod, trim_secret
 from .client import KubeApi, connect
 from .reflector import Reflector, Resource
+from .status_publisher import StatusPublisher
 from .view import ClusterView
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,7 @@ class KubeSource:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main: asyncio.Task[None] | None = None
+        self.status: StatusPublisher | None = None
 
     # --- the file the workers load ---------------------------------------------------
 
@@ -128,7 +132,7 @@ class KubeSource:
         loop, main = self._loop, self._main
         if loop is not None and main is not None and self._thread is not None and self._thread.is_alive():
             loop.call_soon_threadsafe(main.cancel)
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=10)  # the Lease release may take a request (5 s timeout)
 
     # --- the watch ---------------------------------------------------------------------
 
@@ -145,6 +149,10 @@ class KubeSource:
                                                   transform=transform)
                 m.WATCH_HEALTHY.labels(resource=res.name).set(0)
             tasks = [asyncio.create_task(r.run(), name=f"watch-{k}") for k, r in self.reflectors.items()]
+            if self.settings.kube_status:
+                self.status = StatusPublisher(api.api, self.settings)
+                self.on_view.append(self.status.update)
+                tasks.append(asyncio.create_task(self.status.run(), name="kube-status"))
             tasks.append(asyncio.create_task(self._sync_loop(), name="kube-sync"))
             tasks.append(asyncio.create_task(self._view_loop(), name="kube-view"))
             try:

@@ -60,8 +60,10 @@ class _Stored:
 class StatusWriter:
     def __init__(self, api_client: ApiClient, is_leader: Callable[[], bool] = lambda: True,
                  clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
-                 request_timeout: float = 10.0) -> None:
+                 request_timeout: float = 10.0,
+                 on_result: Callable[[WriteResult], None] | None = None) -> None:
         self._api = CustomObjectsApi(api_client)
+        self._on_result = on_result  # run(): told each pass's result (metrics)
         self._is_leader = is_leader
         self._clock = clock
         self._timeout = request_timeout
@@ -95,6 +97,8 @@ class StatusWriter:
             except Exception:  # never let the task die: the next view or kick retries
                 log.exception("status pass failed")
                 result = WriteResult(errors=[(("", "", ""), "internal error")])
+            if self._on_result is not None:
+                self._on_result(result)
             if result.errors and not self._wake.is_set():
                 asyncio.get_running_loop().call_later(_RETRY_S, self._wake.set)
 

@@ -201,7 +201,7 @@ class ExternalDispatcher(Executor):
             tried += 1
             pending = ep.health.begin()
             try:
-                last = await self._attempt(x, ep, head, tail, payload, None, pending)
+                last = await self.attempt(x, ep, head, tail, payload, None, pending)
             except BaseException:
                 ep.health.abandon(pending)
                 raise

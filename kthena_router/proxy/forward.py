@@ -235,10 +235,10 @@ class _Request(Exchange):
                 if limiter is not None and (plan := limiter.plan(match.route, self.identity)) is not None:
                     self.rl = await plan.admit(self, body, self.identity)  # 429 / 400 / 503
                 # After admission: a refused request costs no session-store round trip.
-                if pinned is None and match.route.session_sticky is not None and not external:
+                if pinned is None and not external and (sticky := self.fw.sticky.for_route(match.route)) is not None:
                     self.pin = await self.fw.sticky.lookup(
                         match.route, self.header_map, raw_headers, self.scope.get("query_string", b""),
-                        self.identity.claims, targets)
+                        self.identity.claims, targets, sticky)
                 if type(match) is ExternalMatch:
                     await self.fw.external.run(self, body, match, state.traffic, self.header_map,
                                                self.scope.get("query_string", b""))

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.model import ModelRoute
+from ..config.model import ModelRoute, SessionSticky
 from ..metrics import RouterMetrics
 from .config import DEFAULT_STICKY, StickySettings
 from .keys import session_key
@@ -62,7 +62,7 @@ class SessionAffinity:
     def store(self) -> Store:
         cfg = self._settings() or DEFAULT_STICKY
         if cfg is not self._cfg or self._store is None:
-            if cfg != self._cfg or self._store is None:
+            if self._cfg is None or cfg.store_key != self._cfg.store_key or self._store is None:
                 old, self._store = self._store, self._build(cfg)
                 if old is not None:
                     self._spawn(old.close())
@@ -78,9 +78,15 @@ class SessionAffinity:
             return store
         return MemoryStore(cfg.max_entries, self.runtime_dir)
 
+    def for_route(self, route: ModelRoute) -> SessionSticky | None:
+        """The route's sessionSticky: the router configuration's override, else its own."""
+        cfg = self._settings()
+        return route.session_sticky if cfg is None else cfg.for_route(route)
+
     async def lookup(self, route: ModelRoute, headers: Mapping[str, str], raw_headers: Sequence[tuple[bytes, bytes]],
-                     query_string: bytes, claims: Mapping[str, Any], targets: Sequence[Any]) -> Pin | None:
-        sticky = route.session_sticky
+                     query_string: bytes, claims: Mapping[str, Any], targets: Sequence[Any],
+                     sticky: SessionSticky | None = None) -> Pin | None:
+        sticky = sticky or self.for_route(route)
         assert sticky is not None
         label = f"{route.namespace}/{route.name}"
         key = session_key(sticky.sources, headers, raw_headers, query_string, claims)

@@ -1,21 +1,30 @@
 """The router configuration's `sessionSticky` section -> StickySettings.
 
 Kthena's key is `backend` (memory | redis); it only chooses the store of the route-level
-affinity (ModelRoute.spec.sessionSticky). Ours: the memory table's size and the Redis
-connection. A setting that would be ignored with the chosen backend is refused.
+affinity (ModelRoute.spec.sessionSticky). Ours: the memory table's size, the Redis
+connection, and `routes`: per-route settings keyed "namespace/name" or "name", with the
+fields of ModelRoute.spec.sessionSticky. They override the route's own (Kthena's CRD has no
+sessionSticky, so in Kubernetes mode this is where it is set). A setting that would be
+ignored with the chosen backend is refused.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.checks import ErrorSink, check_duration, check_enum, check_int, check_mapping, check_str, join_path
+from ..config.model import ModelRoute, SessionSticky
+from ..config.model_route import parse_route_session_sticky
 
 __all__ = ["DEFAULT_STICKY", "RedisStoreSettings", "StickySettings", "parse_session_sticky"]
 
 _BACKENDS = ("memory", "redis")
 _REDIS_KEYS = ("address", "password", "db", "keyPrefix", "timeout", "retryAfter")
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_ROUTE_KEY = re.compile(rf"^(?:{_DNS_LABEL}/)?[a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +47,21 @@ class StickySettings:
     backend: str = "memory"
     max_entries: int = 100_000  # memory: the table's size, one table per router (all its workers)
     redis: RedisStoreSettings | None = None
+    # Per-route settings, "namespace/name" or "name" -> the route's sessionSticky (override).
+    routes: Mapping[str, SessionSticky] = field(default_factory=dict)
+
+    @property
+    def store_key(self) -> tuple[str, int, RedisStoreSettings | None]:
+        """What the store is built from (a change of `routes` keeps the pins)."""
+        return (self.backend, self.max_entries, self.redis)
+
+    def for_route(self, route: ModelRoute) -> SessionSticky | None:
+        """The route's effective settings: "namespace/name", then "name", then its own spec."""
+        if self.routes:
+            found = self.routes.get(f"{route.namespace}/{route.name}") or self.routes.get(route.name)
+            if found is not None:
+                return found
+        return route.session_sticky
 
 
 DEFAULT_STICKY = StickySettings()
@@ -47,7 +71,7 @@ def parse_session_sticky(c: ErrorSink, v: Any, path: str = "sessionSticky") -> S
     """Validate the section; problems go to `c`. None when absent (the defaults apply)."""
     if v is None:
         return None
-    m = check_mapping(c, v, path, ("backend", "maxEntries", "redis"))
+    m = check_mapping(c, v, path, ("backend", "maxEntries", "redis", "routes"))
     if m is None:
         return None
     backend = "memory" if m.get("backend") is None else check_enum(c, m["backend"], join_path(path, "backend"),
@@ -63,9 +87,34 @@ def parse_session_sticky(c: ErrorSink, v: Any, path: str = "sessionSticky") -> S
             redis = _redis(c, m["redis"], join_path(path, "redis"))
     elif backend == "memory" and m.get("redis") is not None:
         c.err(join_path(path, "redis"), "is only used with backend: redis; set backend: redis or remove it")
+    routes = _routes(c, m.get("routes"), join_path(path, "routes"))
     if backend is None:
         return None
-    return StickySettings(backend, max_entries or DEFAULT_STICKY.max_entries, redis)
+    return StickySettings(backend, max_entries or DEFAULT_STICKY.max_entries, redis, routes)
+
+
+def _routes(c: ErrorSink, v: Any, path: str) -> dict[str, SessionSticky]:
+    """{"namespace/name" | "name": {sources: [...], sessionAffinitySeconds: N}}"""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        c.err(path, f"must be a mapping of route (\"namespace/name\" or \"name\") to its sessionSticky, "
+                    f"got {type(v).__name__}")
+        return {}
+    out: dict[str, SessionSticky] = {}
+    for key, spec in v.items():
+        p = f"{path}[{key!r}]"
+        if not isinstance(key, str) or not _ROUTE_KEY.match(key):
+            c.err(p, "the key must be a ModelRoute's \"namespace/name\" or \"name\" (lower-case DNS names)")
+            continue
+        if spec is None:
+            c.err(p, "needs sources (the fields of ModelRoute.spec.sessionSticky); remove the entry to use "
+                     "the route's own setting")
+            continue
+        sticky = parse_route_session_sticky(c, spec, p)
+        if sticky is not None:
+            out[key] = sticky
+    return out
 
 
 def _redis(c: ErrorSink, v: Any, path: str) -> RedisStoreSettings | None:

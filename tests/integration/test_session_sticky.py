@@ -252,3 +252,29 @@ def test_jwt_claim_source_keys_on_the_verified_token(engines: harness.Simulator,
         assert harness.metric_value(fams, STICKY, result="no_key") == 6
     finally:
         router.stop()
+
+
+def test_router_configuration_route_overrides(engines: harness.Simulator, tmp_path: Path) -> None:
+    """sessionSticky.routes (the router configuration's per-route settings, also how Kubernetes
+    mode sets it: Kthena's CRD has no sessionSticky): "name" makes the route without its own
+    block sticky; "namespace/name" replaces the sources of a route that has one."""
+    config = _config(tmp_path / "routes.yaml", engines.ports)
+    rc = _router_config(tmp_path / "router.yaml", (
+        "sessionSticky:\n  routes:\n"
+        "    demo-plain: {sources: [{type: Header, name: X-Session-ID}]}\n"
+        "    default/demo: {sources: [{type: Cookie, name: sid}]}\n"))
+    router = harness.start_router(config, tmp_path, extra_args=["--router-config", str(rc)])
+    try:
+        client = Client(router)
+        plain = {served_by(engines, lambda: client.chat("demo-plain", header="h-erin")) for _ in range(6)}
+        assert len(plain) == 1, plain  # sticky through the override alone
+        cookie = {served_by(engines, lambda: client.chat("demo", cookie="c-frank")) for _ in range(6)}
+        assert len(cookie) == 1, cookie
+        # the route's own Header source is replaced: a header alone is no key on default/demo
+        header = {served_by(engines, lambda: client.chat("demo", header="h-erin")) for _ in range(6)}
+        assert len(header) > 1, header
+        fams = harness.parse_metrics(router.metrics_text())
+        assert harness.metric_value(fams, STICKY, result="hit", model_route="default/demo-plain") == 5
+        assert harness.metric_value(fams, STICKY, result="no_key", model_route="default/demo") == 6
+    finally:
+        router.stop()

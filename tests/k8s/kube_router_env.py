@@ -5,6 +5,7 @@ writes, the router started with --kubernetes, service-account kubeconfigs."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import k8s_harness
 API = "networking.serving.volcano.sh/v1alpha1"
 GROUP_PATH = "/apis/networking.serving.volcano.sh/v1alpha1"
 NODE = "kube-router-node"
+DEPLOY = harness.REPO / "configs" / "deploy" / "router"
 
 
 def start_engine(ip: str, port: int, log_dir: Path, *, itl_ms: int = 5) -> harness.Simulator:
@@ -132,8 +134,10 @@ class Cluster:
 
 
 def start_kube_router(log_dir: Path, kubeconfig: Path, *, namespace: str = "", workers: int = 1,
-                      watch_timeout_s: float = 300, wait: bool = True) -> harness.Router:
-    args = ["--kubernetes", "--kubeconfig", str(kubeconfig), "--kube-watch-timeout-s", str(watch_timeout_s)]
+                      watch_timeout_s: float = 300, wait: bool = True, extra_args: list[str] | None = None,
+                      name: str = "router", env: dict[str, str] | None = None) -> harness.Router:
+    args = ["--kubernetes", "--kubeconfig", str(kubeconfig), "--kube-watch-timeout-s", str(watch_timeout_s),
+            *(extra_args or [])]
     if namespace:
         args += ["--namespace", namespace]
     port, admin_port = harness.free_ports(2)
@@ -141,7 +145,7 @@ def start_kube_router(log_dir: Path, kubeconfig: Path, *, namespace: str = "", w
     argv = harness.router_argv(Path("unused"), port, admin_port, workers, runtime, log_level="info")
     i = argv.index("--config")
     argv[i:i + 2] = args  # Kubernetes mode instead of a config file
-    proc = harness.ManagedProcess("router", argv, log_dir)
+    proc = harness.ManagedProcess(name, argv, log_dir, env=env)
     router = harness.Router(proc, port, admin_port, runtime / "kubernetes-config.yaml", runtime, workers)
     if wait:
         try:
@@ -150,6 +154,43 @@ def start_kube_router(log_dir: Path, kubeconfig: Path, *, namespace: str = "", w
             proc.kill_group()
             raise
     return router
+
+
+def deploy_rbac(cp: k8s_harness.ControlPlane, namespace: str, tmp: Path, variant: str = "namespaced") -> \
+        list[dict[str, Any]]:
+    """The RBAC objects (ServiceAccount, Roles, bindings) of configs/deploy/router as rendered by
+    the built kubectl kustomize, moved to `namespace` (the project's only RBAC source)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    overlay = os.path.relpath(DEPLOY / "overlays" / variant, tmp)  # kustomize refuses absolute paths
+    (tmp / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "namespace": namespace, "resources": [overlay]}))
+    docs = [d for d in yaml.safe_load_all(cp.kubectl("kustomize", str(tmp)).stdout) if d]
+    return [d for d in docs if d["kind"] in ("ServiceAccount", "Role", "RoleBinding", "ClusterRole",
+                                             "ClusterRoleBinding")]
+
+
+def status_of(cp: k8s_harness.ControlPlane, kind: str, ns: str, name: str) -> dict[str, Any]:
+    plural = {"ModelRoute": "modelroutes", "ModelServer": "modelservers",
+              "ExternalModelProvider": "externalmodelproviders"}[kind]
+    with cp.client() as api:
+        r = api.get(f"{GROUP_PATH}/namespaces/{ns}/{plural}/{name}")
+        r.raise_for_status()
+        return r.json().get("status") or {}
+
+
+def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """type -> (status, reason)."""
+    return {c["type"]: (c["status"], c["reason"]) for c in status.get("conditions") or []}
+
+
+def lease_holder(cp: k8s_harness.ControlPlane, ns: str, name: str = "kthena-router") -> str:
+    with cp.client() as api:
+        r = api.get(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}")
+        if r.status_code == 404:
+            return ""
+        r.raise_for_status()
+        return str(r.json()["spec"].get("holderIdentity") or "")
 
 
 def models(router: harness.Router) -> set[str]:

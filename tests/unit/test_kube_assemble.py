@@ -127,3 +127,27 @@ def test_conflicting_routes_oldest_wins_order() -> None:
     asm = Assembler().assemble(snap(route("young", "m", [("s", 1)], ts="2026-02-01T00:00:00Z"),
                                     route("old", "m", [("s", 1)], ts="2025-01-01T00:00:00Z"), server("s", {})))
     assert any("tried in this order: t/old, t/young" in w for w in asm.view.config.warnings)
+
+
+def test_problem_details_give_the_status_its_reasons() -> None:
+    from kthena_router.config.errors import BACKEND_NOT_FOUND
+    from kthena_router.kube.status import desired_statuses
+
+    a = Assembler()
+    asm = a.assemble(snap(route("r", "m", [("s", 1)]), route("orphan", "x", [("nope", 1)]), server("s", {}),
+                          server("broken", {"app": "b"}, port=70000)))
+    orphan = ("ModelRoute", "t", "orphan")
+    assert [p.reason for p in asm.view.problem_details[orphan]] == [BACKEND_NOT_FOUND]
+    assert [p.field for p in asm.view.problem_details[("ModelServer", "t", "broken")]] == ["spec.workloadPort.port"]
+    assert set(asm.view.problem_details) == set(asm.view.problems)
+    st = desired_statuses(asm.view)
+    conds = {c.type: c for c in st[orphan].conditions}
+    assert (conds["Accepted"].status, conds["Accepted"].reason) == ("False", "UnresolvedRefs")
+    assert (conds["ResolvedRefs"].status, conds["ResolvedRefs"].reason) == ("False", BACKEND_NOT_FOUND)
+    assert "targetModels[0]" in conds["ResolvedRefs"].message
+    # a bad edit of r while its server goes: its last good version is refused too (missing backend)
+    bad = route("r", "m", [("s", -1)], gen=2)
+    asm = a.assemble(snap(bad))
+    details = asm.view.problem_details[("ModelRoute", "t", "r")]
+    assert any(p.reason == BACKEND_NOT_FOUND and "last good version is refused too" in p.message for p in details)
+    assert any(p.reason != BACKEND_NOT_FOUND for p in details)  # the edit's own problem

@@ -67,3 +67,28 @@ def test_changed_store_section_replaces_the_store(tmp_path: Path) -> None:
         await aff.close()
 
     asyncio.run(run())
+
+
+def test_router_configuration_route_override(tmp_path: Path) -> None:
+    """sessionSticky.routes: a route without its own setting becomes sticky, one with it uses the
+    override's sources; changing only the overrides keeps the store (and its pins)."""
+    async def run() -> None:
+        plain = ModelRoute("default", "plain", "m", (), (), None, None, 0)
+        by_cookie = SessionSticky((SessionKeySource("Cookie", "sid"),), 30)
+        current = [StickySettings("memory", 1000, None, {"plain": by_cookie, "default/r": by_cookie})]
+        aff = SessionAffinity(str(tmp_path), RouterMetrics(CollectorRegistry()), lambda: current[0])
+        assert aff.for_route(plain) is by_cookie and aff.for_route(ROUTE) is by_cookie
+        store = aff.store()
+        pin = await aff.lookup(plain, {"cookie": "sid=abc"}, [(b"cookie", b"sid=abc")], b"", {}, TARGETS)
+        assert pin is not None and pin.ttl_s == 30
+        aff.record(pin, TARGETS[2].key)
+        # the route's own header source is overridden: the header alone gives no key
+        assert await aff.lookup(ROUTE, {"x-session": "k"}, [], b"", {}, TARGETS) is None
+        current[0] = StickySettings("memory", 1000, None, {"plain": by_cookie})
+        assert aff.for_route(ROUTE) is ROUTE.session_sticky
+        assert aff.store() is store
+        again = await aff.lookup(plain, {"cookie": "sid=abc"}, [(b"cookie", b"sid=abc")], b"", {}, TARGETS)
+        assert again.preferred is TARGETS[2]  # the pin survived the change of overrides
+        await aff.close()
+
+    asyncio.run(run())

@@ -93,3 +93,48 @@ def test_router_configuration_store_errors(tmp_path: Path, text, field, words) -
     err = ei.value
     assert (err.file, err.document, err.field) == (str(tmp_path / "router.yaml"), "document 1", field), str(err)
     assert words in err.message
+
+
+def test_router_configuration_per_route_overrides(tmp_path: Path) -> None:
+    from kthena_router.config.model import ModelRoute
+
+    rc = _rc("sessionSticky:\n  routes:\n"
+             "    team-a/chat: {sources: [{type: Header, name: X-Session-ID}], sessionAffinitySeconds: 60}\n"
+             "    chat: {sources: [{type: Cookie, name: sid}]}\n", tmp_path)
+    s = rc.session_sticky
+    assert s.backend == "memory" and set(s.routes) == {"team-a/chat", "chat"}
+    assert s.routes["team-a/chat"] == SessionSticky((SessionKeySource("Header", "x-session-id"),), 60)
+
+    def r(ns: str, name: str, own: SessionSticky | None = None) -> ModelRoute:
+        return ModelRoute(ns, name, "m", (), (), None, None, 0, session_sticky=own)
+
+    own = SessionSticky((SessionKeySource("Query", "s"),), 5)
+    assert s.for_route(r("team-a", "chat", own)) == s.routes["team-a/chat"]  # namespace/name first
+    assert s.for_route(r("team-b", "chat", own)) == s.routes["chat"]  # then the name in any namespace
+    assert s.for_route(r("team-a", "other", own)) is own  # else the route's own
+    assert s.for_route(r("team-a", "other")) is None
+    # the store is built from backend/maxEntries/redis only: a change of routes keeps the pins
+    assert s.store_key == StickySettings().store_key
+
+
+@pytest.mark.parametrize("text,field,words", [
+    ("sessionSticky: {routes: [chat]}\n", "sessionSticky.routes", "must be a mapping"),
+    ("sessionSticky: {routes: {'Team/Chat': {sources: [{type: Header, name: x}]}}}\n",
+     "sessionSticky.routes['Team/Chat']", "namespace/name"),
+    ("sessionSticky: {routes: {'a/b/c': {sources: [{type: Header, name: x}]}}}\n",
+     "sessionSticky.routes['a/b/c']", "namespace/name"),
+    ("sessionSticky: {routes: {chat: null}}\n", "sessionSticky.routes['chat']", "needs sources"),
+    ("sessionSticky: {routes: {chat: {}}}\n", "sessionSticky.routes['chat'].sources", "at least one source"),
+    ("sessionSticky: {routes: {chat: {sources: [{type: Body, name: x}]}}}\n",
+     "sessionSticky.routes['chat'].sources[0].type", "must be one of Header"),
+    ("sessionSticky: {routes: {chat: {sources: [{type: Header, name: x}], sessionAffinitySeconds: 0}}}\n",
+     "sessionSticky.routes['chat'].sessionAffinitySeconds", "between 1 and"),
+    ("sessionSticky: {routes: {chat: {sources: [{type: Header, name: x}], enabled: true}}}\n",
+     "sessionSticky.routes['chat'].enabled", "unknown field"),
+])
+def test_router_configuration_per_route_errors(tmp_path: Path, text, field, words) -> None:
+    with pytest.raises(ConfigError) as ei:
+        _rc(text, tmp_path)
+    err = ei.value
+    assert (err.file, err.document, err.field) == (str(tmp_path / "router.yaml"), "document 1", field), str(err)
+    assert words in err.message
