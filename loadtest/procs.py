@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from loadtest.loadgen import chat_body
@@ -215,10 +215,19 @@ def start_simulator(engines: int, model: str, sim_args: str, logdir: Path, procs
     return p, ports, admin
 
 
-def router_config(model: str, engine_ports: list[int]) -> str:
-    eps = "\n".join(
-        f"  - {{address: {HOST}, port: {port}, labels: {{app: bench}}}}" for port in engine_ports
-    )
+def router_config(model: str, engine_ports: list[int], pd_roles: Sequence[str] | None = None,
+                  kv_connector: str = "nixl") -> str:
+    """One route, one ModelServer and file-mode Endpoints for `engine_ports`. With `pd_roles`
+    (one per port: prefill | decode) the server is a PD pair group `g1` over `kv_connector`."""
+    selector = "    matchLabels: {app: bench}\n"
+    if pd_roles is None:
+        labels = ["{app: bench}"] * len(engine_ports)
+    else:
+        selector += ("    pdGroup: {groupKey: group, prefillLabels: {role: prefill}, decodeLabels: {role: decode}}\n"
+                     f"  kvConnector: {{type: {kv_connector}}}\n")
+        labels = [f"{{app: bench, group: g1, role: {role}}}" for role in pd_roles]
+    eps = "\n".join(f"  - {{address: {HOST}, port: {port}, labels: {lab}}}"
+                    for port, lab in zip(engine_ports, labels))
     return f"""\
 apiVersion: networking.serving.volcano.sh/v1alpha1
 kind: ModelRoute
@@ -237,8 +246,7 @@ spec:
   model: {model}
   inferenceEngine: vLLM
   workloadSelector:
-    matchLabels: {{app: bench}}
-  workloadPort: {{port: {engine_ports[0]}, protocol: http}}
+{selector}  workloadPort: {{port: {engine_ports[0]}, protocol: http}}
 ---
 apiVersion: router.kthena.io/v1alpha1
 kind: Endpoints

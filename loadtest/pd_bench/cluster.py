@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtest.procs import HOST, Proc, StartError, free_ports, http, probe_chat, wait_until
+from loadtest.procs import HOST, Proc, StartError, free_ports, http, probe_chat, router_config, wait_until
 
 MODEL = "llama-3-8b-sim"
 BLOCK_SIZE = 16
@@ -88,43 +88,8 @@ def simulator_cmd(cell: Cell, ports: list[int], admin: int, time_scale: float, s
 
 
 def routes_yaml(cell: Cell, ports: list[int]) -> str:
-    """ModelRoute + ModelServer + file-mode Endpoints (labels per endpoint)."""
-    if cell.is_pd:
-        selector = ("    matchLabels: {app: bench}\n"
-                    "    pdGroup: {groupKey: group, prefillLabels: {role: prefill}, "
-                    "decodeLabels: {role: decode}}\n"
-                    "  kvConnector: {type: nixl}\n")
-        eps = "".join(f"  - {{address: {HOST}, port: {p}, labels: {{app: bench, group: g1, "
-                      f"role: {role}}}}}\n" for p, role in zip(ports, cell.roles))
-    else:
-        selector = "    matchLabels: {app: bench}\n"
-        eps = "".join(f"  - {{address: {HOST}, port: {p}, labels: {{app: bench}}}}\n" for p in ports)
-    return f"""\
-apiVersion: networking.serving.volcano.sh/v1alpha1
-kind: ModelRoute
-metadata: {{name: bench, namespace: default}}
-spec:
-  modelName: {MODEL}
-  rules:
-  - name: all
-    targetModels:
-    - modelServerName: bench
----
-apiVersion: networking.serving.volcano.sh/v1alpha1
-kind: ModelServer
-metadata: {{name: bench, namespace: default}}
-spec:
-  model: {MODEL}
-  inferenceEngine: vLLM
-  workloadSelector:
-{selector}  workloadPort: {{port: {ports[0]}, protocol: http}}
----
-apiVersion: router.kthena.io/v1alpha1
-kind: Endpoints
-metadata: {{name: bench-engines, namespace: default}}
-spec:
-  endpoints:
-{eps}"""
+    """ModelRoute + ModelServer + file-mode Endpoints (labels per endpoint; NIXL for PD)."""
+    return router_config(MODEL, ports, pd_roles=cell.roles if cell.is_pd else None)
 
 
 def router_config_yaml(cell: Cell, prefill_timeout: str) -> str:

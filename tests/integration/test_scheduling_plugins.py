@@ -21,7 +21,6 @@ from loadtest.shared_prefix.workload import WorkloadSpec, generate
 KV_BLOCKS = 576  # per engine: 9216 tokens, ~3 of the 6 prefixes with their running requests
 HIT_MARGIN = 0.12  # prefix-cache over round-robin, absolute (observed 0.23-0.27 with 1 worker)
 HIT_MARGIN_2W = 0.05  # 2 workers: each has its own approximate index (observed 0.07-0.27)
-TTFT_RATIO = 0.9  # prefix-cache mean TTFT / round-robin's (observed ~0.7)
 
 # The index is sized by the router: engine KV (vllm:cache_config_info) x learned bytes per
 # token (the workload's one-token words: ~11 B/token, far from the 4 B/token prior).
@@ -98,11 +97,11 @@ def test_prefix_cache_beats_round_robin(router_workers: int, tmp_path: Path) -> 
         spec = WorkloadSpec(num_groups=6, prompts_per_group=12, system_prompt_len=3072, question_len=32,
                             output_len=16, seed=7)
         bodies = [r.chat_body("demo") for r in generate(spec)]
-        hit_rr, hit_pc, ttft_rr, ttft_pc, rows = compare_interleaved(sim, rr, pc, bodies)
+        # Engine prefix-cache hits are what the scheduler controls; TTFT (wall clock, time scale 1)
+        # is the shared-prefix benchmark's figure: on 2 noisy cores it does not make a stable test.
+        hit_rr, hit_pc, _ttft_rr, _ttft_pc, rows = compare_interleaved(sim, rr, pc, bodies)
         margin = HIT_MARGIN if router_workers == 1 else HIT_MARGIN_2W
         assert hit_pc >= hit_rr + margin, rows
-        if router_workers == 1:
-            assert ttft_pc <= TTFT_RATIO * ttft_rr, rows
         fams = harness.parse_metrics(pc.metrics_text())
         assert harness.metric_value(fams, "kthena_router_prefix_cache_match_ratio_count") == 2 * len(bodies)
         assert harness.metric_value(fams, "kthena_router_scheduler_plugin_duration_seconds_count",
