@@ -104,16 +104,9 @@ class Executor:
                     await asyncio.sleep(server.retry_interval_s)
             x.endpoint_label = ep.key
             tried += 1
-            pending = ep.health.begin()  # stall tracking until the outcome is known
-            try:
-                last = await self.attempt(x, ep, head, tail, payload, info, pending)
-            except BaseException:
-                ep.health.abandon(pending)
-                raise
-            ep.health.finish(pending, None if last is None else last.failure)
+            last = await self.tracked_attempt(x, ep, head, tail, payload, info)
             if last is None:
                 return
-            self.metrics.upstream_error(x.server_label, ep.key, last.failure.value)
             if x.committed:  # the relay has ended the response
                 return
         if last is None:
@@ -121,6 +114,21 @@ class Executor:
         if last.failure is Failure.TIMEOUT:
             raise RequestError(504, f"upstream timed out: {last.detail} ({tried} attempt(s))", code=504)
         raise RequestError(502, f"upstream request failed ({last.detail}; {tried} attempt(s))", code=502)
+
+    async def tracked_attempt(self, x: Exchange, ep: EndpointState, head: bytes, tail: bytes, payload: bytes,
+                              info: Any) -> AttemptFailure | None:
+        """One attempt with the endpoint's health feedback (stall tracking, outlier detection)
+        and the upstream-error metric; None when a complete response went to the client."""
+        pending = ep.health.begin()  # stall tracking until the outcome is known
+        try:
+            last = await self.attempt(x, ep, head, tail, payload, info, pending)
+        except BaseException:
+            ep.health.abandon(pending)
+            raise
+        ep.health.finish(pending, None if last is None else last.failure)
+        if last is not None:
+            self.metrics.upstream_error(x.server_label, ep.key, last.failure.value)
+        return last
 
     async def attempt(self, x: Exchange, ep: EndpointState, head: bytes, tail: bytes, payload: bytes,
                       info: Any, pending: Pending, feedback: Any = None,

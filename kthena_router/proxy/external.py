@@ -199,16 +199,9 @@ class ExternalDispatcher(Executor):
                 if ps.retry_interval_s > 0:
                     await asyncio.sleep(ps.retry_interval_s)
             tried += 1
-            pending = ep.health.begin()
-            try:
-                last = await self.attempt(x, ep, head, tail, payload, None, pending)
-            except BaseException:
-                ep.health.abandon(pending)
-                raise
-            ep.health.finish(pending, None if last is None else last.failure)
+            last = await self.tracked_attempt(x, ep, head, tail, payload, None)
             if last is None:
                 return
-            self.metrics.upstream_error(x.server_label, ep.key, last.failure.value)
             if x.committed:
                 return
         assert last is not None
