@@ -121,7 +121,7 @@ class PdPairer:
         self._state: Any = None  # the last RouterState (a rebuilt side is synced with it)
         self._snaps: dict[str, EndpointSnapshot] = {}  # last engine state of PD endpoints
         self._live: frozenset[str] = frozenset()  # keys of the endpoints in pairs
-        self._reported: dict[str, tuple[str | None, tuple[str, ...]]] = {}  # server -> logged
+        self._reported: dict[str, tuple[str | None, tuple[str, ...], bool]] = {}  # server -> logged
 
     # --- configuration ---------------------------------------------------------------------
     def build(self, settings: PdSettings, source: str, *, force: bool = False) -> PdBuild:
@@ -149,6 +149,8 @@ class PdPairer:
                 new.on_snapshot(snap)
             (self.decode if side == DECODE else self.prefill).swap(new)
         self.settings = build.settings
+        if self._state is not None:
+            self._report(self._state.pd)
 
     def configure(self, settings: PdSettings, source: str = "<pd>") -> None:
         """build + install (ConfigError leaves the installed pipelines)."""
@@ -192,8 +194,11 @@ class PdPairer:
 
     def _report(self, topos: Any) -> None:
         labels = {f"{ns}/{name}": topo for (ns, name), topo in topos.items()}
-        for label, topo in labels.items():
-            now = (topo.problem, topo.ignored)
+        for (ns, name), topo in topos.items():
+            label = f"{ns}/{name}"
+            # minUncachedTokens cannot apply to SGLang (it never decodes alone): said, not ignored silently
+            inert = topo.connector == SGLANG_BOOTSTRAP and self.settings.for_server(ns, name).min_uncached_tokens > 0
+            now = (topo.problem, topo.ignored, inert)
             before = self._reported.get(label)
             if before == now:
                 continue
@@ -204,6 +209,9 @@ class PdPairer:
             if topo.ignored and (before is None or before[1] != topo.ignored):
                 log.warning("PD ModelServer %s: %d endpoint(s) take no part in pairs: %s", label,
                             len(topo.ignored), "; ".join(topo.ignored))
+            if inert and (before is None or not before[2]):
+                log.warning("PD ModelServer %s: pd.minUncachedTokens has no effect on SGLang servers (both hops "
+                            "always run at once)", label)
             self._reported[label] = now
         for label in [k for k in self._reported if k not in labels]:
             del self._reported[label]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from kthena_router.endpoints.balancer import Balancer
@@ -86,6 +87,8 @@ class Executor:
             raise RequestError(503, f"no healthy endpoint for model `{x.model_label}`")
         if server.retry_attempts is not None:  # explicit policy, 0 = no retry
             attempts = 1 + server.retry_attempts
+            if pinned is None and attempts > len(candidates):
+                candidates = _with_fallbacks(candidates, targets)
         else:  # no retry policy: each candidate at most once, up to the default count
             attempts = min(self.settings.default_retry_endpoints, len(candidates))
         last: AttemptFailure | None = None
@@ -202,6 +205,15 @@ class Executor:
                 resp.close()
             elif conn is not None:
                 conn.close()
+
+
+def _with_fallbacks(candidates: list[EndpointState], targets: Sequence[EndpointState]) -> list[EndpointState]:
+    """The ranked candidates, then the other usable endpoints: when the scheduler's filter kept
+    fewer endpoints than there are retries, a retry goes to an endpoint not yet tried rather
+    than back to the one that just failed."""
+    now = time.monotonic()
+    ranked = set(map(id, candidates))
+    return candidates + [ep for ep in targets if id(ep) not in ranked and ep.health.usable(now)]
 
 
 def _next_candidate(candidates: list[EndpointState], start: int) -> EndpointState | None:

@@ -26,8 +26,10 @@ def ep(port: int, group: str | None, role: str | None, **extra: str) -> dict[str
     return {"address": "127.0.0.1", "port": port, "labels": labels}
 
 
-def pd_state(tmp_path: Path, eps: list[dict[str, Any]], pd: dict[str, Any] | None = None) -> RouterState:
+def pd_state(tmp_path: Path, eps: list[dict[str, Any]], pd: dict[str, Any] | None = None,
+             engine: str = "vLLM") -> RouterState:
     s = server()
+    s["spec"]["inferenceEngine"] = engine
     s["spec"]["workloadSelector"]["pdGroup"] = pd or PD
     cfg = load(tmp_path, [route(), s, endpoints(eps=eps)])
     ms = cfg.servers[KEY]

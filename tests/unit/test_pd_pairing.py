@@ -254,3 +254,16 @@ def test_states_are_followed_and_problems_logged_once_per_change(tmp_path: Path,
     view = p.debug_view()["servers"][0]
     assert view["groups"] == {"a": {"prefill": ["127.0.0.1:9001"], "decode": ["127.0.0.1:9002"]}}
     assert view["problem"] is None and view["min_uncached_tokens"] == 0 and view["connector"] == "http"
+
+
+def test_min_uncached_tokens_on_an_sglang_server_is_reported_not_silently_ignored(tmp_path: Path, caplog) -> None:
+    p, _ = pairer("pd:\n  minUncachedTokens: 256\n")
+    eps = [ep(9001, "a", "prefill"), ep(9002, "a", "decode")]
+    with caplog.at_level(logging.WARNING, logger="kthena_router.pd.pairing"):
+        p.on_state(pd_state(tmp_path, eps, engine="SGLang"))
+        p.on_state(pd_state(tmp_path, eps, engine="SGLang"))  # once per change, not per state
+        inert = [r.getMessage() for r in caplog.records if "minUncachedTokens has no effect" in r.getMessage()]
+        assert len(inert) == 1 and "default/s" in inert[0], inert
+        caplog.clear()
+        p.on_state(pd_state(tmp_path, eps))  # vLLM: the setting applies
+        assert not [r for r in caplog.records if "no effect" in r.getMessage()]
