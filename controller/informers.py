@@ -1,6 +1,6 @@
-"""Informers: list+watch of ModelServings and of the pods and Services they own, in local
-stores (kthena_router.kube.reflector: bookmarks, re-list on 410 Gone, backoff), with an
-owner index, feeding the work queue.
+"""Informers: list+watch of ModelServings and of the pods, Services and ControllerRevisions
+they own, in local stores (kthena_router.kube.reflector: bookmarks, re-list on 410 Gone,
+backoff), with an owner index, feeding the work queue.
 
 Every change of a ModelServing enqueues its key; every change of an owned pod or Service
 enqueues its owner's key (before and after the change, so moving ownership is seen on both
@@ -60,7 +60,8 @@ class Informers:
                  watch_timeout_s: float = 300.0) -> None:
         """`namespace`: watch one namespace, or all when empty."""
         self.enqueue = enqueue
-        self._owned: dict[str, dict[Key, set[Key]]] = {"pods": defaultdict(set), "services": defaultdict(set)}
+        self._owned: dict[str, dict[Key, set[Key]]] = {
+            "pods": defaultdict(set), "services": defaultdict(set), "controllerrevisions": defaultdict(set)}
         self.modelservings = Reflector(
             api, Resource("modelservings", _path(namespace, n.GROUP_VERSION, "modelservings"), {}),
             lambda: None, self._error, watch_timeout_s=watch_timeout_s,
@@ -73,7 +74,13 @@ class Informers:
             api, Resource("services", _path(namespace, "v1", "services"), dict(_SELECTOR)), lambda: None, self._error,
             watch_timeout_s=watch_timeout_s,
             on_object=lambda key, old, new: self._child("services", key, old, new))
-        self.reflectors = (self.modelservings, self.pods, self.services)
+        # ControllerRevisions (history.py) carry Kthena's name label, as pods and Services the group label.
+        self.revisions = Reflector(
+            api, Resource("controllerrevisions", _path(namespace, "apps/v1", "controllerrevisions"),
+                          {"labelSelector": n.LABEL_NAME}), lambda: None, self._error,
+            watch_timeout_s=watch_timeout_s,
+            on_object=lambda key, old, new: self._child("controllerrevisions", key, old, new))
+        self.reflectors = (self.modelservings, self.pods, self.services, self.revisions)
 
     @property
     def synced(self) -> bool:
@@ -99,9 +106,9 @@ class Informers:
         return self.modelservings.store.get(key)
 
     def owned(self, kind: str, key: Key, uid: str) -> list[Obj]:
-        """The live objects of `kind` (pods | services) whose controller is that ModelServing
-        incarnation (uid), not being deleted."""
-        store = self.pods.store if kind == "pods" else self.services.store
+        """The live objects of `kind` (pods | services | controllerrevisions) whose controller is
+        that ModelServing incarnation (uid), not being deleted."""
+        store = {"pods": self.pods, "services": self.services, "controllerrevisions": self.revisions}[kind].store
         out = []
         for k in sorted(self._owned[kind].get(key, ())):
             obj = store.get(k)

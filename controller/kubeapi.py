@@ -1,4 +1,4 @@
-"""The controller's writes: create, delete (with a uid precondition), replace status.
+"""The controller's writes: create, delete (with a uid precondition), status merge patch.
 
 Raw JSON through kubernetes-asyncio's ApiClient (as kthena_router.kube.client reads), so
 objects stay plain dicts. Every write first asks `is_leader()`: a replica that lost the
@@ -46,14 +46,14 @@ class Writer:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.writes = 0  # requests sent (tests, logs)
 
-    async def _call(self, method: str, path: str, body: Any, query: list[tuple[str, Any]] | None = None
-                    ) -> tuple[int, dict[str, Any]]:
+    async def _call(self, method: str, path: str, body: Any, query: list[tuple[str, Any]] | None = None,
+                    content_type: str = "application/json") -> tuple[int, dict[str, Any]]:
         if not self.is_leader():
             raise NotLeader(f"not the leader: {method} {path} not sent")
         self.writes += 1
         resp = await self.api.api.call_api(
             path, method, query_params=query or [], body=body,
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            header_params={"Accept": "application/json", "Content-Type": content_type},
             auth_settings=["BearerToken"], _preload_content=False, _request_timeout=self.timeout)
         try:
             raw = await resp.read()
@@ -89,11 +89,15 @@ class Writer:
             raise self._error(status, data)
         return True
 
-    async def replace_status(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
-        """PUT .../status carrying obj's resourceVersion (optimistic concurrency)."""
-        status, data = await self._call("PUT", path + "/status", obj, [("fieldManager", FIELD_MANAGER)])
-        if status == 409:
+    async def patch_status(self, path: str, resource_version: str, status: dict[str, Any]) -> dict[str, Any]:
+        """JSON merge patch of .../status with only the changed fields (`status`, null for a
+        removed one) and metadata.resourceVersion: the apiserver refuses it with 409 when the
+        object changed since it was read (optimistic concurrency, as a PUT would)."""
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        code, data = await self._call("PATCH", path + "/status", body, [("fieldManager", FIELD_MANAGER)],
+                                      content_type="application/merge-patch+json")
+        if code == 409:
             raise Conflict(f"status of {path}: {data.get('message', 'conflict')}")
-        if not 200 <= status <= 299:
-            raise self._error(status, data)
+        if not 200 <= code <= 299:
+            raise self._error(code, data)
         return data

@@ -6,8 +6,11 @@ starting state converges and running it twice changes nothing.
   creates (Services, then pods): POST of the rendered object; an existing object of the
   same name is never overwritten (no blind update). A name held by an object that is not
   ours (or still terminating) blocks that create; the reconcile is retried with backoff.
-- Status: written only when it differs from the stored one, as a PUT of /status carrying
-  the cached resourceVersion (a 409 retries the reconcile with the newer object).
+- Revisions (history.py): the update revision's ControllerRevision is created before
+  anything else; revisions no longer in use are pruned after the status write.
+- Status: written only when it differs from the stored one, as a JSON merge patch of
+  /status with only the changed fields and the cached resourceVersion (a 409 retries the
+  reconcile with the newer object).
 - A ModelServing that is gone or being deleted is left to the garbage collector: the pods
   and Services carry its ownerReference (blockOwnerDeletion), so a foreground or background
   cascade removes them; the controller never deletes them for that.
@@ -15,12 +18,12 @@ starting state converges and running it twice changes nothing.
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from . import history, mergepatch
 from .expectations import Expectations
 from .informers import Informers, Key
 from .kubeapi import Writer, collection_path, object_path
@@ -60,9 +63,14 @@ class Reconciler:
         uid = str(meta["uid"])
         pods = self.expectations.overlay(key, "pods", self.informers.owned("pods", key, uid))
         services = self.expectations.overlay(key, "services", self.informers.owned("services", key, uid))
-        p = plan(ms, pods, services)
+        revisions = self.expectations.overlay(key, history.KIND, self.informers.owned(history.KIND, key, uid))
+        p = plan(ms, pods, services, history.templates(revisions))
+        if not await history.ensure(self.writer, self.expectations, key, ms, p.revision, revisions):
+            raise Blocked(f"{key[0]}/{key[1]}: ControllerRevision {history.name(key[1], p.revision)} exists but is "
+                          f"not ours (or still terminating); retrying")
         blocked = await self._apply(key, p)
-        await self._write_status(key, ms, p)
+        status = await self._write_status(key, ms, p)
+        await history.prune(self.writer, self.expectations, key, revisions, history.in_use(status, pods))
         if blocked:
             raise Blocked(f"{key[0]}/{key[1]}: {', '.join(blocked)} exist but are not ours (or still "
                           f"terminating); retrying")
@@ -72,6 +80,8 @@ class Reconciler:
         ns = key[0]
         if p.surplus_groups:
             log.info("%s/%s: removing ServingGroups %s", ns, key[1], ", ".join(p.surplus_groups))
+        if p.updating:
+            log.info("%s/%s: replacing %s for revision %s", ns, key[1], ", ".join(p.updating), p.revision)
         for kind, doomed in (("pods", p.delete_pods), ("services", p.delete_services)):
             for obj in doomed:
                 m = obj["metadata"]
@@ -91,13 +101,14 @@ class Reconciler:
                      len(p.create_pods), len(p.create_services), len(p.delete_pods), len(p.delete_services))
         return blocked
 
-    async def _write_status(self, key: Key, ms: Obj, p: Plan) -> None:
+    async def _write_status(self, key: Key, ms: Obj, p: Plan) -> Obj:
+        """The status now stored (the desired one once written)."""
         old = ms.get("status") or {}
         new = desired_status(ms, p, self.clock())
-        if new == old:
-            return  # nothing changed: no request
-        body = copy.deepcopy(ms)
-        body["status"] = new
-        await self.writer.replace_status(
-            object_path(ms["apiVersion"], "modelservings", key[0], key[1]), body)
+        patch = mergepatch.diff(old, new)
+        if not patch:
+            return old  # nothing changed: no request
+        await self.writer.patch_status(object_path(ms["apiVersion"], "modelservings", key[0], key[1]),
+                                       str(ms["metadata"]["resourceVersion"]), patch)
         self.status_writes += 1
+        return new

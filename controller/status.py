@@ -10,8 +10,9 @@
   the entry pod of the first role's replica 0, one pod per group).
 - conditions Available and Progressing, each always present, True or False (Kthena only
   adds the True one and flips the other; both present is easier to read and to wait on).
-  lastTransitionTime changes only when a condition's status does. UpdateInProgress comes
-  with rolling updates (not in this slice).
+  lastTransitionTime changes only when a condition's status does. UpdateInProgress
+  (rollout.update_condition): True while a group not protected by the partition has
+  outdated pods.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from . import naming as n
 from .planner import GroupPlan, Plan, is_ready
+from .rollout import update_condition
 
 __all__ = ["desired_status", "format_time"]
 
@@ -35,13 +37,6 @@ def format_time(t: datetime) -> str:
 def _available(g: GroupPlan) -> bool:
     have = {p["metadata"]["name"]: p for p in g.pods}
     return bool(g.expected) and all(name in have and is_ready(have[name]) for name in g.expected)
-
-
-def _revision(g: GroupPlan, update: str) -> str:
-    revs = Counter((p["metadata"].get("labels") or {}).get(n.LABEL_REVISION, "") for p in g.pods)
-    if not revs:
-        return update
-    return revs.most_common(1)[0][0] if len(revs) > 1 else next(iter(revs))
 
 
 def _condition(old: list[Obj], ctype: str, ok: bool, reason: str, message: str, generation: int,
@@ -60,11 +55,10 @@ def desired_status(ms: Obj, plan: Plan, now: datetime) -> Obj:
     generation = int(ms["metadata"].get("generation") or 0)
     want = int(spec.get("replicas", 1))
     update = plan.revision
-    revisions = {g.name: _revision(g, update) for g in plan.groups}
+    revisions = {g.name: g.revision or update for g in plan.groups}
     available = [g for g in plan.groups if _available(g)]
     not_ready = [g.ordinal for g in plan.groups if g not in available]
-    updated = [g for g in plan.groups if revisions[g.name] == update and all(
-        (p["metadata"].get("labels") or {}).get(n.LABEL_REVISION) == update for p in g.pods)]
+    updated = [g for g in plan.groups if g.updated]
     others = Counter(revisions[g.name] for g in plan.groups if g not in updated)
     if not others:
         current = update
@@ -99,6 +93,9 @@ def desired_status(ms: Obj, plan: Plan, now: datetime) -> Obj:
                        progressing_msg, generation, stamp),
         ],
     }
+    status["conditions"].append(update_condition(  # rolling updates (rollout.py)
+        conds, [g.ordinal for g in plan.groups if g.rolling], [g.ordinal for g in updated], not_ready,
+        plan.partition, generation, now))
     # Conditions this controller does not manage (e.g. written by a later version) are kept.
-    status["conditions"] += [c for c in conds if c.get("type") not in ("Available", "Progressing")]
+    status["conditions"] += [c for c in conds if c.get("type") not in ("Available", "Progressing", "UpdateInProgress")]
     return status

@@ -8,14 +8,19 @@ from pathlib import Path
 
 from controller.expectations import Expectations
 from controller.planner import plan
+from controller.revision import serving_revision
 
 KEY = ("ns1", "web")
+# the revision of the ModelServing below (pods at another revision would be rolled)
+REVISION = serving_revision([{"name": "web", "replicas": 1, "workerReplicas": 0,
+                              "entryTemplate": {"spec": {"containers": []}}}])
 
 
 def pod(name: str, uid: str, group: str = "web-0") -> dict:
     return {"metadata": {"name": name, "uid": uid, "labels": {"modelserving.volcano.sh/group-name": group,
                                                               "modelserving.volcano.sh/role": "web",
-                                                              "modelserving.volcano.sh/role-id": "web-0"}},
+                                                              "modelserving.volcano.sh/role-id": "web-0",
+                                                              "modelserving.volcano.sh/revision": REVISION}},
             "status": {"phase": "Pending"}}
 
 
