@@ -11,6 +11,9 @@ starting state converges and running it twice changes nothing.
 - Status: written only when it differs from the stored one, as a JSON merge patch of
   /status with only the changed fields and the cached resourceVersion (a 409 retries the
   reconcile with the newer object).
+- Plugins (`spec.plugins`, plugins/): run on every pod before its POST. A chain that cannot
+  be built or fails on a pod creates no pod (a pod without its plugins would be wrong); the
+  condition `PluginsApplied` (present only with plugins) says why.
 - A ModelServing that is gone or being deleted is left to the garbage collector: the pods
   and Services carry its ownerReference (blockOwnerDeletion), so a foreground or background
   cascade removes them; the controller never deletes them for that.
@@ -24,11 +27,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from . import history, mergepatch
+from . import naming as n
+from .plugins import Chain, HookRequest, PluginError, build_chain
 from .expectations import Expectations
 from .informers import Informers, Key
 from .kubeapi import Writer, collection_path, object_path
 from .planner import Plan, plan
-from .status import desired_status
+from .status import Extra, desired_status
 from .workqueue import RetryableError
 
 __all__ = ["Reconciler"]
@@ -37,6 +42,7 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 _PLURAL = {"pods": "pods", "services": "services"}
+PLUGINS_CONDITION = "PluginsApplied"
 
 
 class Blocked(RetryableError):
@@ -51,12 +57,27 @@ class Reconciler:
         self.expectations = expectations or Expectations()
         self.clock = clock
         self.status_writes = 0
+        # key -> (the resourceVersion a status patch was based on, the object it returned): until
+        # the cache moves past that resourceVersion, the returned object is the newer one
+        self._own_writes: dict[Key, tuple[str, Obj]] = {}
+
+    def _latest(self, key: Key, ms: Obj) -> Obj:
+        """The cached ModelServing, or the one our last status patch returned while the watch
+        has not delivered it yet (the cached resourceVersion would only earn a 409)."""
+        own = self._own_writes.get(key)
+        if own is not None:
+            if own[0] == ms["metadata"].get("resourceVersion") and own[1]["metadata"].get("uid") == ms["metadata"]["uid"]:
+                return own[1]
+            del self._own_writes[key]
+        return ms
 
     async def reconcile(self, key: Key) -> float | None:
         ms = self.informers.modelserving(key)
         if ms is None:
             self.expectations.forget(key)
+            self._own_writes.pop(key, None)
             return None
+        ms = self._latest(key, ms)
         meta = ms["metadata"]
         if meta.get("deletionTimestamp"):
             return None  # the garbage collector removes what it owns
@@ -68,15 +89,31 @@ class Reconciler:
         if not await history.ensure(self.writer, self.expectations, key, ms, p.revision, revisions):
             raise Blocked(f"{key[0]}/{key[1]}: ControllerRevision {history.name(key[1], p.revision)} exists but is "
                           f"not ours (or still terminating); retrying")
-        blocked = await self._apply(key, p)
-        status = await self._write_status(key, ms, p)
+        extra: dict[str, Extra] = {}
+        chain = self._plugins(ms, p, extra)
+        blocked = await self._apply(key, p, ms, chain, extra)
+        status = await self._write_status(key, ms, p, extra)
         await history.prune(self.writer, self.expectations, key, revisions, history.in_use(status, pods))
         if blocked:
             raise Blocked(f"{key[0]}/{key[1]}: {', '.join(blocked)} exist but are not ours (or still "
                           f"terminating); retrying")
         return None
 
-    async def _apply(self, key: Key, p: Plan) -> list[str]:
+    @staticmethod
+    def _plugins(ms: Obj, p: Plan, extra: dict[str, Extra]) -> Chain | None:
+        """The plugin chain, or None when it cannot be built (no pod is created then)."""
+        if not (ms.get("spec") or {}).get("plugins"):
+            extra[PLUGINS_CONDITION] = None
+            return Chain([])
+        try:
+            chain = build_chain(ms)
+        except PluginError as exc:
+            extra[PLUGINS_CONDITION] = (False, "PluginError", str(exc))
+            return None
+        extra[PLUGINS_CONDITION] = (True, "PluginsApplied", f"{len(chain.entries)} plugin(s) run on every new pod")
+        return chain
+
+    async def _apply(self, key: Key, p: Plan, ms: Obj, chain: Chain | None, extra: dict[str, Extra]) -> list[str]:
         ns = key[0]
         if p.surplus_groups:
             log.info("%s/%s: removing ServingGroups %s", ns, key[1], ", ".join(p.surplus_groups))
@@ -88,7 +125,8 @@ class Reconciler:
                 await self.writer.delete(object_path("v1", _PLURAL[kind], ns, m["name"]), str(m["uid"]))
                 self.expectations.deleted(key, kind, str(m["uid"]))
         blocked: list[str] = []
-        for kind, new in (("services", p.create_services), ("pods", p.create_pods)):
+        pods = self._with_plugins(ms, p.create_pods, chain, extra)
+        for kind, new in (("services", p.create_services), ("pods", pods)):
             for obj in new:
                 name = obj["metadata"]["name"]
                 made = await self.writer.create(collection_path("v1", _PLURAL[kind], ns), obj)
@@ -101,14 +139,35 @@ class Reconciler:
                      len(p.create_pods), len(p.create_services), len(p.delete_pods), len(p.delete_services))
         return blocked
 
-    async def _write_status(self, key: Key, ms: Obj, p: Plan) -> Obj:
+    @staticmethod
+    def _with_plugins(ms: Obj, pods: list[Obj], chain: Chain | None, extra: dict[str, Extra]) -> list[Obj]:
+        """The pods to create, each run through the plugins; none if a plugin fails."""
+        if chain is None:
+            return []
+        if not chain:
+            return pods
+        try:
+            for pod in pods:
+                labels = pod["metadata"].get("labels") or {}
+                chain.on_pod_create(HookRequest(ms, labels.get(n.LABEL_GROUP, ""), labels.get(n.LABEL_ROLE, ""),
+                                                labels.get(n.LABEL_ROLE_ID, ""), labels.get(n.LABEL_ENTRY) == n.ENTRY,
+                                                pod))
+        except PluginError as exc:
+            extra[PLUGINS_CONDITION] = (False, "PluginError", str(exc))
+            return []
+        return pods
+
+    async def _write_status(self, key: Key, ms: Obj, p: Plan, extra: dict[str, Extra]) -> Obj:
         """The status now stored (the desired one once written)."""
         old = ms.get("status") or {}
-        new = desired_status(ms, p, self.clock())
+        new = desired_status(ms, p, self.clock(), extra)
         patch = mergepatch.diff(old, new)
         if not patch:
             return old  # nothing changed: no request
-        await self.writer.patch_status(object_path(ms["apiVersion"], "modelservings", key[0], key[1]),
-                                       str(ms["metadata"]["resourceVersion"]), patch)
+        rv = str(ms["metadata"]["resourceVersion"])
+        written = await self.writer.patch_status(object_path(ms["apiVersion"], "modelservings", key[0], key[1]),
+                                                 rv, patch)
+        if written.get("metadata"):
+            self._own_writes[key] = (rv, written)
         self.status_writes += 1
         return new

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -49,7 +50,12 @@ def _condition(old: list[Obj], ctype: str, ok: bool, reason: str, message: str, 
             "observedGeneration": generation, "lastTransitionTime": since}
 
 
-def desired_status(ms: Obj, plan: Plan, now: datetime) -> Obj:
+# A condition the reconciler decides outside the plan (e.g. plugins, gang scheduling):
+# (ok, reason, message), or None to remove that type.
+Extra = tuple[bool, str, str] | None
+
+
+def desired_status(ms: Obj, plan: Plan, now: datetime, extra: Mapping[str, Extra] | None = None) -> Obj:
     spec = ms.get("spec") or {}
     old = ms.get("status") or {}
     generation = int(ms["metadata"].get("generation") or 0)
@@ -96,6 +102,11 @@ def desired_status(ms: Obj, plan: Plan, now: datetime) -> Obj:
     status["conditions"].append(update_condition(  # rolling updates (rollout.py)
         conds, [g.ordinal for g in plan.groups if g.rolling], [g.ordinal for g in updated], not_ready,
         plan.partition, generation, now))
+    extra = extra or {}
+    for ctype, cond in sorted(extra.items()):
+        if cond is not None:
+            status["conditions"].append(_condition(conds, ctype, cond[0], cond[1], cond[2], generation, stamp))
     # Conditions this controller does not manage (e.g. written by a later version) are kept.
-    status["conditions"] += [c for c in conds if c.get("type") not in ("Available", "Progressing", "UpdateInProgress")]
+    managed = {"Available", "Progressing", "UpdateInProgress", *extra}
+    status["conditions"] += [c for c in conds if c.get("type") not in managed]
     return status
