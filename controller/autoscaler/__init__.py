@@ -1,0 +1,18 @@
+"""The autoscaler's algorithm (AutoscalingPolicy), as pure functions: (policy, state,
+observed metrics, current replicas, now) -> (recommendation, new state). No Kubernetes
+here: the controller loop, metric collection and the scale writes come later
+(docs/autoscaler.md)."""
+
+from .disaggregated import DisaggregatedResult, RoleResult, recommend_disaggregated
+from .heterogeneous import HeterogeneousResult, allocate, recommend_heterogeneous
+from .metrics import MetricSample, Observation
+from .policy import Policy, PolicyError, parse_policy
+from .ratio import RatioResult, enforce_ratio
+from .recommend import PANIC, STABLE, Recommendation, ScalerState, Wake, recommend_homogeneous, scale_one
+
+__all__ = [
+    "PANIC", "STABLE", "DisaggregatedResult", "HeterogeneousResult", "MetricSample", "Observation", "Policy",
+    "PolicyError", "RatioResult", "Recommendation", "RoleResult", "ScalerState", "Wake", "allocate",
+    "enforce_ratio", "parse_policy", "recommend_disaggregated", "recommend_heterogeneous", "recommend_homogeneous",
+    "scale_one",
+]
