@@ -46,14 +46,14 @@ class Writer:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.writes = 0  # requests sent (tests, logs)
 
-    async def _call(self, method: str, path: str, body: Any, query: list[tuple[str, Any]] | None = None
-                    ) -> tuple[int, dict[str, Any]]:
+    async def _call(self, method: str, path: str, body: Any, query: list[tuple[str, Any]] | None = None,
+                    content_type: str = "application/json") -> tuple[int, dict[str, Any]]:
         if not self.is_leader():
             raise NotLeader(f"not the leader: {method} {path} not sent")
         self.writes += 1
         resp = await self.api.api.call_api(
             path, method, query_params=query or [], body=body,
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            header_params={"Accept": "application/json", "Content-Type": content_type},
             auth_settings=["BearerToken"], _preload_content=False, _request_timeout=self.timeout)
         try:
             raw = await resp.read()
@@ -94,6 +94,17 @@ class Writer:
         status, data = await self._call("PUT", path + "/status", obj, [("fieldManager", FIELD_MANAGER)])
         if status == 409:
             raise Conflict(f"status of {path}: {data.get('message', 'conflict')}")
+        if not 200 <= status <= 299:
+            raise self._error(status, data)
+        return data
+
+    async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch (only the changed fields; a metadata.resourceVersion in it makes
+        it conditional). 409 (changed meanwhile) and 404 (gone) retry the reconcile."""
+        status, data = await self._call("PATCH", path, patch, [("fieldManager", FIELD_MANAGER)],
+                                         content_type="application/merge-patch+json")
+        if status in (404, 409):
+            raise Conflict(f"patch of {path}: {data.get('message', status)}")
         if not 200 <= status <= 299:
             raise self._error(status, data)
         return data

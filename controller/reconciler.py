@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .expectations import Expectations
+from .gang_sync import GangOutcome, GangSync
 from .informers import Informers, Key
 from .kubeapi import Writer, collection_path, object_path
 from .planner import Plan, plan
@@ -42,8 +43,11 @@ class Blocked(RetryableError):
 
 class Reconciler:
     def __init__(self, informers: Informers, writer: Writer, expectations: Expectations | None = None,
-                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                 gang: GangSync | None = None) -> None:
+        """`gang`: Volcano PodGroups (controller/gang_sync.py); None: never used."""
         self.informers = informers
+        self.gang = gang
         self.writer = writer
         self.expectations = expectations or Expectations()
         self.clock = clock
@@ -61,8 +65,11 @@ class Reconciler:
         pods = self.expectations.overlay(key, "pods", self.informers.owned("pods", key, uid))
         services = self.expectations.overlay(key, "services", self.informers.owned("services", key, uid))
         p = plan(ms, pods, services)
-        blocked = await self._apply(key, p)
-        await self._write_status(key, ms, p)
+        gang = await self.gang.sync(key, ms, p) if self.gang is not None else None  # before any pod
+        if gang is not None and gang.wait is not None:
+            return gang.wait
+        blocked = await self._apply(key, p) + (gang.blocked if gang is not None else [])
+        await self._write_status(key, ms, p, gang)
         if blocked:
             raise Blocked(f"{key[0]}/{key[1]}: {', '.join(blocked)} exist but are not ours (or still "
                           f"terminating); retrying")
@@ -91,9 +98,12 @@ class Reconciler:
                      len(p.create_pods), len(p.create_services), len(p.delete_pods), len(p.delete_services))
         return blocked
 
-    async def _write_status(self, key: Key, ms: Obj, p: Plan) -> None:
+    async def _write_status(self, key: Key, ms: Obj, p: Plan, gang: GangOutcome | None = None) -> None:
         old = ms.get("status") or {}
-        new = desired_status(ms, p, self.clock())
+        now = self.clock()
+        new = desired_status(ms, p, now)
+        if gang is not None:
+            new["conditions"] = gang.conditions(new["conditions"], int(ms["metadata"].get("generation") or 0), now)
         if new == old:
             return  # nothing changed: no request
         body = copy.deepcopy(ms)
