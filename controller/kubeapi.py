@@ -101,3 +101,14 @@ class Writer:
         if not 200 <= code <= 299:
             raise self._error(code, data)
         return data
+
+    async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch (only the changed fields; a metadata.resourceVersion in it makes
+        it conditional). 409 (changed meanwhile) and 404 (gone) retry the reconcile."""
+        status, data = await self._call("PATCH", path, patch, [("fieldManager", FIELD_MANAGER)],
+                                         content_type="application/merge-patch+json")
+        if status in (404, 409):
+            raise Conflict(f"patch of {path}: {data.get('message', status)}")
+        if not 200 <= status <= 299:
+            raise self._error(status, data)
+        return data

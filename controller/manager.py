@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from kthena_router.kube.client import KubeApi
 from kthena_router.kube.leader import LeaderElector
 
+from .capabilities import VolcanoWatch
 from .expectations import Expectations
+from .gang_sync import GangSync
 from .informers import Informers, Key
 from .kubeapi import Writer
 from .reconciler import Reconciler
@@ -51,18 +53,27 @@ class Manager:
         self.informers = Informers(api, namespace, self.queue.add)
         is_leader = (lambda: elector.is_leader) if elector is not None else (lambda: True)
         self.writer = Writer(api, is_leader)
-        self.reconciler = Reconciler(self.informers, self.writer, Expectations())
+        expectations = Expectations()
+        # Volcano's PodGroup CRD, watched: a change re-queues every ModelServing.
+        self.volcano = VolcanoWatch(api, namespace, self.queue.add, self._requeue_all)
+        self.reconciler = Reconciler(self.informers, self.writer, expectations,
+                                     gang=GangSync(self.volcano, self.writer, expectations))
+
+    def _requeue_all(self) -> None:
+        for key in list(self.informers.modelservings.store):
+            self.queue.add(key)
 
     async def run(self) -> int:
         """Until cancelled (0 after a clean stop) or leadership is lost (returns 1)."""
-        tasks: list[asyncio.Task[object]] = [asyncio.create_task(self.informers.run(), name="informers")]
+        tasks: list[asyncio.Task[object]] = [asyncio.create_task(self.informers.run(), name="informers"),
+                                             asyncio.create_task(self.volcano.run(), name="volcano")]
         try:
             if self.elector is not None:
                 self.elector.start()
                 log.info("%s: waiting for the Lease %s/%s", self.elector.identity, self.elector.namespace,
                          self.elector.name)
                 await self._started.wait()
-            while not self.informers.synced:
+            while not (self.informers.synced and self.volcano.synced):
                 await asyncio.sleep(0.05)
             log.info("caches synced (%d ModelServings, %d pods, %d Services); starting %d workers",
                      len(self.informers.modelservings.store), len(self.informers.pods.store),

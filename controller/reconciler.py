@@ -30,6 +30,8 @@ from . import history, mergepatch
 from . import naming as n
 from .plugins import Chain, HookRequest, PluginError, build_chain
 from .expectations import Expectations
+from .gang import CONDITION as GANG_CONDITION
+from .gang_sync import GangSync
 from .informers import Informers, Key
 from .kubeapi import Writer, collection_path, object_path
 from .planner import Plan, plan
@@ -51,8 +53,11 @@ class Blocked(RetryableError):
 
 class Reconciler:
     def __init__(self, informers: Informers, writer: Writer, expectations: Expectations | None = None,
-                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                 gang: GangSync | None = None) -> None:
+        """`gang`: Volcano PodGroups (controller/gang_sync.py); None: never used."""
         self.informers = informers
+        self.gang = gang
         self.writer = writer
         self.expectations = expectations or Expectations()
         self.clock = clock
@@ -86,12 +91,17 @@ class Reconciler:
         services = self.expectations.overlay(key, "services", self.informers.owned("services", key, uid))
         revisions = self.expectations.overlay(key, history.KIND, self.informers.owned(history.KIND, key, uid))
         p = plan(ms, pods, services, history.templates(revisions))
+        gang = await self.gang.sync(key, ms, p) if self.gang is not None else None  # before any pod
+        if gang is not None and gang.wait is not None:
+            return gang.wait
         if not await history.ensure(self.writer, self.expectations, key, ms, p.revision, revisions):
             raise Blocked(f"{key[0]}/{key[1]}: ControllerRevision {history.name(key[1], p.revision)} exists but is "
                           f"not ours (or still terminating); retrying")
         extra: dict[str, Extra] = {}
+        if gang is not None:
+            extra[GANG_CONDITION] = (gang.ok, gang.reason, gang.message)
         chain = self._plugins(ms, p, extra)
-        blocked = await self._apply(key, p, ms, chain, extra)
+        blocked = await self._apply(key, p, ms, chain, extra) + (gang.blocked if gang is not None else [])
         status = await self._write_status(key, ms, p, extra)
         await history.prune(self.writer, self.expectations, key, revisions, history.in_use(status, pods))
         if blocked:
