@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 import harness
 import k8s_harness
 
@@ -14,13 +16,23 @@ LABEL_GROUP = "modelserving.volcano.sh/group-name"
 
 
 def start_controller(cp: k8s_harness.ControlPlane, ns: str, log_dir: Path, identity: str,
-                     lease: tuple[float, float, float] = (3.0, 2.0, 0.3)) -> harness.ManagedProcess:
+                     lease: tuple[float, float, float] = (3.0, 2.0, 0.3), *, kubeconfig: Path | None = None,
+                     port: int = 0, extra: list[str] | None = None) -> harness.ManagedProcess:
+    """`port`: serve /healthz, /readyz and /metrics there (127.0.0.1); `extra`: more flags."""
     duration, deadline, retry = lease
+    serve = ["--health-port", str(port), "--metrics-port", str(port)] if port else []
     return harness.ManagedProcess(f"controller-{identity}", [
-        harness.PYTHON, "-m", "controller", "--kubeconfig", str(cp.kubeconfig), "--namespace", ns,
+        harness.PYTHON, "-m", "controller", "--kubeconfig", str(kubeconfig or cp.kubeconfig), "--namespace", ns,
         "--leader-elect-namespace", ns, "--leader-elect-identity", identity, "--workers", "2",
         "--leader-elect-lease-duration", str(duration), "--leader-elect-renew-deadline", str(deadline),
-        "--leader-elect-retry-period", str(retry)], log_dir)
+        "--leader-elect-retry-period", str(retry), *serve, *(extra or [])], log_dir)
+
+
+def controller_metric(port: int, name: str, **labels: str) -> float:
+    """A sample of the controller's /metrics (summed over matching label sets; 0 if absent)."""
+    r = httpx.get(f"http://{harness.HOST}:{port}/metrics", timeout=5)
+    r.raise_for_status()
+    return harness.metric_value(harness.parse_metrics(r.text), name, **labels)
 
 
 def template(image: str, **meta: Any) -> dict[str, Any]:
