@@ -8,22 +8,18 @@ except a ServingGroup that was rightly deleted by the scale-down and is back in 
 
 from __future__ import annotations
 
-import json
 import random
 import secrets
 import signal
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 import harness
 import k8s_harness
-from controller_support import Api, modelserving, start_controller, template
+from controller_support import Api, Watch, modelserving, start_controller, template
 
 ROLES = [{"name": "llm", "replicas": 1, "workerReplicas": 1, "entryTemplate": template("e:1"),
           "workerTemplate": template("w:1")}]
@@ -41,54 +37,20 @@ def _service(group: int) -> str:
 
 
 class Recorder:
-    """Watches pods and Services of a namespace from a resourceVersion before anything
-    exists; keeps (type, name, uid) in the apiserver's order."""
+    """Pods and Services of a namespace, watched from before anything exists."""
 
     def __init__(self, cp: k8s_harness.ControlPlane, ns: str) -> None:
-        self.events: dict[str, list[tuple[str, str, str]]] = {"pods": [], "services": []}
-        self._stop = threading.Event()
-        self._clients: list[httpx.Client] = []
-        self._threads: list[threading.Thread] = []
-        for kind in self.events:
-            client = httpx.Client(base_url=cp.url, headers=cp.auth_headers, verify=cp.ssl_context(),
-                                  timeout=httpx.Timeout(10, read=None))
-            rv = client.get(f"/api/v1/namespaces/{ns}/{kind}").json()["metadata"]["resourceVersion"]
-            t = threading.Thread(target=self._watch, args=(client, ns, kind, rv), daemon=True)
-            self._clients.append(client)
-            self._threads.append(t)
-            t.start()
-
-    def _watch(self, client: httpx.Client, ns: str, kind: str, rv: str) -> None:
-        """From `rv` on, resumed after an ERROR event (a watch cache still behind a fresh
-        list's resourceVersion says "Too large resource version") or a closed stream."""
-        while not self._stop.is_set():
-            params = {"watch": "1", "resourceVersion": rv, "timeoutSeconds": "900"}
-            try:
-                with client.stream("GET", f"/api/v1/namespaces/{ns}/{kind}", params=params) as resp:
-                    for line in resp.iter_lines():
-                        if self._stop.is_set():
-                            return
-                        if not line:
-                            continue
-                        ev = json.loads(line)
-                        if ev["type"] == "ERROR":
-                            break
-                        meta = ev["object"].get("metadata") or {}
-                        rv = meta.get("resourceVersion", rv)
-                        if ev["type"] in ("ADDED", "DELETED"):
-                            self.events[kind].append((ev["type"], meta.get("name", ""), meta.get("uid", "")))
-            except httpx.HTTPError:
-                if self._stop.is_set():
-                    return
-            self._stop.wait(0.2)
+        self.watches = {kind: Watch(cp, f"/api/v1/namespaces/{ns}/{kind}") for kind in ("pods", "services")}
 
     def count(self, kind: str, etype: str) -> Counter[str]:
-        return Counter(name for t, name, _ in self.events[kind] if t == etype)
+        return Counter(self.watches[kind].names(etype))
+
+    def added_uids(self, kind: str) -> list[str]:
+        return [obj["metadata"]["uid"] for t, _, obj in self.watches[kind].events if t == "ADDED"]
 
     def close(self) -> None:
-        self._stop.set()
-        for c in self._clients:
-            c.close()
+        for w in self.watches.values():
+            w.close()
 
 
 @pytest.fixture
@@ -185,10 +147,11 @@ def test_sigkill_after_kth_write_converges_without_orphans_or_duplicates(
         for g, names in objects.items():
             for name in names:
                 if g == 0:  # always planned: created once, never touched again
-                    assert (added[name], deleted[name]) == (1, 0), (kind, name, rec.events[kind])
+                    assert (added[name], deleted[name]) == (1, 0), (kind, name, added, deleted)
                 elif g in final:  # maybe deleted by the scale-down, then planned again
-                    assert deleted[name] <= 1 and added[name] == 1 + deleted[name], (kind, name, rec.events[kind])
+                    assert deleted[name] <= 1 and added[name] == 1 + deleted[name], \
+                        (kind, name, added, deleted)
                 else:  # scaled away for good: created once, deleted once
-                    assert (added[name], deleted[name]) == (1, 1), (kind, name, rec.events[kind])
-        uids = [uid for t, _, uid in rec.events[kind] if t == "ADDED"]
+                    assert (added[name], deleted[name]) == (1, 1), (kind, name, added, deleted)
+        uids = rec.added_uids(kind)
         assert len(uids) == len(set(uids))
