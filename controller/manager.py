@@ -93,12 +93,18 @@ class Manager:
             m.cached.labels(r.resource.name).set(len(r.store))
 
     async def run(self) -> int:
-        """Until cancelled (0 after a clean stop) or leadership is lost (returns 1)."""
+        """Until cancelled (0 after a clean stop) or leadership is lost (returns 1); 2 when the
+        probe/metrics ports cannot be bound."""
         self._informers_task = asyncio.create_task(self.informers.run(), name="informers")
         tasks: list[asyncio.Task[object]] = [self._informers_task]
         try:
             if self.probes is not None:
-                await self.probes.start()
+                try:
+                    await self.probes.start()
+                except OSError as exc:  # the port is taken, or the address is not ours
+                    log.error("cannot serve probes/metrics on %s ports %s: %s", self.probes.host,
+                              self.probes.ports, exc)
+                    return 2
             if self.elector is None:
                 self._started.set()
             if self.elector is not None:

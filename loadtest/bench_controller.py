@@ -75,9 +75,11 @@ class Counted:
     """An httpx client of the control plane that counts its own requests the way
     apiserver_request_total labels them."""
 
-    def __init__(self, cp: k8s_harness.ControlPlane) -> None:
-        self.calls: Counter[Key] = Counter()
-        self._lock = threading.Lock()
+    def __init__(self, cp: k8s_harness.ControlPlane, share: Counted | None = None) -> None:
+        """`share`: count into another client's tally (one per thread, one tally)."""
+        self.calls: Counter[Key] = share.calls if share is not None else Counter()
+        self._lock = share._lock if share is not None else threading.Lock()
+        self.cp = cp
         self.http = httpx.Client(base_url=cp.url, headers=cp.auth_headers, verify=cp.ssl_context(),
                                  timeout=httpx.Timeout(30, read=None), event_hooks={"request": [self._count]})
 
@@ -148,35 +150,44 @@ def ms_status(c: Counted) -> dict[str, Any]:
 
 
 class Kubelet(threading.Thread):
-    """Marks every pod that appears (ADDED) Running and Ready, as a kubelet would."""
+    """Marks every pod that appears (ADDED) Running and Ready, as a kubelet would. Its own
+    client (counted with the script's); the server ends each watch after 2 s, so `finish()`
+    joins the thread and the client is closed by the thread that reads it."""
 
-    def __init__(self, c: Counted, rv: str) -> None:
+    def __init__(self, cp: k8s_harness.ControlPlane, calls: Counted, rv: str) -> None:
         super().__init__(daemon=True)
-        self.c, self.rv = c, rv
+        self.c = Counted(cp, calls)
+        self.rv = rv
         self.stop = threading.Event()
         self.marked = 0
 
     def run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                with self.c.http.stream("GET", f"/api/v1/namespaces/{NS}/pods",
-                                        params={"watch": "1", "resourceVersion": self.rv}) as resp:
-                    for line in resp.iter_lines():
-                        if self.stop.is_set():
-                            return
-                        if not line:
-                            continue
-                        ev = json.loads(line)
-                        if ev["type"] == "ERROR":
-                            break
-                        meta = ev["object"]["metadata"]
-                        self.rv = meta["resourceVersion"]
-                        if ev["type"] == "ADDED":
-                            set_ready(self.c, meta["name"])
-                            self.marked += 1
-            except httpx.HTTPError:
-                pass
-            self.stop.wait(0.2)
+        try:
+            while not self.stop.is_set():
+                try:
+                    with self.c.http.stream("GET", f"/api/v1/namespaces/{NS}/pods",
+                                            params={"watch": "1", "resourceVersion": self.rv,
+                                                    "timeoutSeconds": "2"}) as resp:
+                        for line in resp.iter_lines():
+                            if not line:
+                                continue
+                            ev = json.loads(line)
+                            if ev["type"] == "ERROR":
+                                break
+                            meta = ev["object"]["metadata"]
+                            self.rv = meta["resourceVersion"]
+                            if ev["type"] == "ADDED":
+                                set_ready(self.c, meta["name"])
+                                self.marked += 1
+                except httpx.HTTPError:
+                    pass
+                self.stop.wait(0.1)
+        finally:
+            self.c.http.close()
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.join(40)
 
 
 # --- phases -----------------------------------------------------------------------------
@@ -224,7 +235,7 @@ def rolling_phase(c: Counted, port: int, a: argparse.Namespace) -> dict[str, Any
     for name in pods:  # every pod Ready before the update (not part of the measured calls' phase)
         set_ready(c, name)
     rv = c.http.get(f"/api/v1/namespaces/{NS}/pods", params={"limit": "1"}).json()["metadata"]["resourceVersion"]
-    kubelet = Kubelet(c, rv)
+    kubelet = Kubelet(c.cp, c, rv)
     kubelet.start()
     harness.wait_until(lambda: (ms_status(c).get("availableReplicas") == a.groups), a.timeout, interval=0.2,
                        what="all groups available")
@@ -254,15 +265,17 @@ def rolling_phase(c: Counted, port: int, a: argparse.Namespace) -> dict[str, Any
             harness.wait_until(done, a.timeout, interval=0.5, what="rolling update")
         except TimeoutError:
             converged = False
+        seconds = round(time.monotonic() - t0, 2)
         st = ms_status(c)
-        return {"converged": converged, "updatedReplicas": st.get("updatedReplicas"),
-                "pods_at_update_revision": sum(1 for p in pod_names(c).values()
-                                               if p["metadata"]["labels"].get(REVISION) == st.get("updateRevision")), "seconds": round(time.monotonic() - t0, 2), "kubelet_marked": kubelet.marked,
+        updated = sum(1 for p in pod_names(c).values()
+                      if p["metadata"]["labels"].get(REVISION) == st.get("updateRevision"))
+        return {"converged": converged, "seconds": seconds, "updatedReplicas": st.get("updatedReplicas"),
+                "pods_at_update_revision": updated, "kubelet_marked": kubelet.marked,
                 "minimum_writes": {"delete pods": len(pods), "create pods": len(pods), "update/patch status": 1}}
     try:
         return phase("rolling-update", c, port, run)
     finally:
-        kubelet.stop.set()
+        kubelet.finish()
 
 
 def main(argv: list[str] | None = None) -> int:

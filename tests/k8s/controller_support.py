@@ -126,7 +126,9 @@ class Watch:
     """A background watch of one collection from a resourceVersion taken before the test
     acts: every ADDED/MODIFIED/DELETED event, in the apiserver's order, as (type, rv, object).
     Resumed from the last resourceVersion after an ERROR event (a watch cache still behind a
-    fresh list says "Too large resource version") or a closed stream.
+    fresh list says "Too large resource version") or a closed stream (the server ends each
+    watch after 2 s, so close() can wait for the thread: its socket is never closed under a
+    blocked read, whose file descriptor another connection could already reuse).
 
     The resourceVersions are etcd revisions of the one etcd of the test control plane, so
     events of different collections can be ordered by them (Kubernetes calls them opaque;
@@ -137,36 +139,36 @@ class Watch:
         self.events: list[tuple[str, int, dict[str, Any]]] = []
         self._stop = threading.Event()
         self._client = httpx.Client(base_url=cp.url, headers=cp.auth_headers, verify=cp.ssl_context(),
-                                    timeout=httpx.Timeout(10, read=None))
+                                    timeout=httpx.Timeout(10, read=30))
         rv = self._client.get(path).json()["metadata"]["resourceVersion"]
         self._thread = threading.Thread(target=self._run, args=(rv,), daemon=True)
         self._thread.start()
 
     def _run(self, rv: str) -> None:
-        while not self._stop.is_set():
-            params = {"watch": "1", "resourceVersion": rv, "timeoutSeconds": "900"}
-            try:
-                with self._client.stream("GET", self.path, params=params) as resp:
-                    for line in resp.iter_lines():
-                        if self._stop.is_set():
-                            return
-                        if not line:
-                            continue
-                        ev = json.loads(line)
-                        if ev["type"] == "ERROR":
-                            break
-                        obj = ev["object"]
-                        rv = obj["metadata"].get("resourceVersion", rv)
-                        if ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                            self.events.append((ev["type"], int(rv), obj))
-            except httpx.HTTPError:
-                if self._stop.is_set():
-                    return
-            self._stop.wait(0.2)
+        try:
+            while not self._stop.is_set():
+                params = {"watch": "1", "resourceVersion": rv, "timeoutSeconds": "2"}
+                try:
+                    with self._client.stream("GET", self.path, params=params) as resp:
+                        for line in resp.iter_lines():
+                            if not line:
+                                continue
+                            ev = json.loads(line)
+                            if ev["type"] == "ERROR":
+                                self._stop.wait(0.2)
+                                break
+                            obj = ev["object"]
+                            rv = obj["metadata"].get("resourceVersion", rv)
+                            if ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                                self.events.append((ev["type"], int(rv), obj))
+                except httpx.HTTPError:
+                    self._stop.wait(0.2)
+        finally:
+            self._client.close()
 
     def names(self, etype: str) -> list[str]:
         return [obj["metadata"]["name"] for t, _, obj in self.events if t == etype]
 
     def close(self) -> None:
         self._stop.set()
-        self._client.close()
+        self._thread.join(40)
