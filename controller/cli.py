@@ -49,6 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--leader-elect-renew-deadline", type=float, default=10.0)
     p.add_argument("--leader-elect-retry-period", type=float, default=2.0)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    # probes and metrics (controller/metrics.py); 0 turns one off, equal ports share a server
+    p.add_argument("--bind-address", default="127.0.0.1",
+                   help="address of the probe and metrics ports (0.0.0.0 in a pod: the kubelet probes the pod IP)")
+    p.add_argument("--health-port", type=int, default=0, help="/healthz and /readyz (default: off)")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics (default: off)")
+    # crash tests only (tests/k8s/test_controller_crash.py): SIGKILL right after the k-th write
+    p.add_argument("--exit-after-writes", type=int, default=0, help=argparse.SUPPRESS)
     return p
 
 
@@ -66,7 +73,7 @@ def _lease_namespace(flag: str) -> str:
 async def _run(args: argparse.Namespace) -> int:
     from kthena_router.kube.client import connect
 
-    from .manager import LeaseConfig, Manager
+    from .manager import LeaseConfig, Manager, ServeConfig
 
     try:
         api = await connect(args.kubeconfig, args.context)
@@ -81,7 +88,9 @@ async def _run(args: argparse.Namespace) -> int:
                             args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
                             args.leader_elect_retry_period)
     try:
-        manager = Manager(api, namespace=args.namespace, workers=args.workers, lease=lease)
+        manager = Manager(api, namespace=args.namespace, workers=args.workers, lease=lease,
+                          serve=ServeConfig(args.bind_address, args.health_port, args.metrics_port),
+                          exit_after_writes=args.exit_after_writes)
     except ValueError as exc:
         print(f"kthena-controller: {exc}", file=sys.stderr)
         await api.close()

@@ -8,6 +8,9 @@ Lease stops writing at once, even in the middle of a reconcile.
 from __future__ import annotations
 
 import json
+import logging
+import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +23,8 @@ from .workqueue import RetryableError
 __all__ = ["Conflict", "NotLeader", "Writer", "collection_path", "object_path"]
 
 FIELD_MANAGER = "kthena-controller"
+
+log = logging.getLogger(__name__)
 
 
 class NotLeader(RetryableError):
@@ -39,12 +44,31 @@ def object_path(api_version: str, plural: str, namespace: str, name: str) -> str
     return f"{collection_path(api_version, plural, namespace)}/{name}"
 
 
+_VERB = {"POST": "create", "DELETE": "delete", "PUT": "update", "PATCH": "patch"}
+
+
+def _resource(path: str) -> str:
+    """`pods`, `modelservings/status`, ... from a namespaced request path."""
+    parts = path.split("?", 1)[0].strip("/").split("/")
+    try:
+        i = parts.index("namespaces")
+    except ValueError:
+        return parts[-1] if parts else ""
+    rest = parts[i + 2:]  # plural[, name[, subresource]]
+    return "/".join([rest[0], *rest[2:3]]) if rest else ""
+
+
 class Writer:
-    def __init__(self, api: KubeApi, is_leader: Callable[[], bool] = lambda: True, timeout_s: float = 30.0) -> None:
+    def __init__(self, api: KubeApi, is_leader: Callable[[], bool] = lambda: True, timeout_s: float = 30.0,
+                 on_write: Callable[[str, str, int], None] | None = None, exit_after_writes: int = 0) -> None:
+        """`on_write(verb, resource, status)` after each response (metrics); `exit_after_writes`
+        (tests only: --exit-after-writes): SIGKILL this process right after the k-th response."""
         self.api = api
         self.is_leader = is_leader
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.writes = 0  # requests sent (tests, logs)
+        self.on_write = on_write
+        self.exit_after_writes = exit_after_writes
 
     async def _call(self, method: str, path: str, body: Any, query: list[tuple[str, Any]] | None = None,
                     content_type: str = "application/json") -> tuple[int, dict[str, Any]]:
@@ -63,6 +87,13 @@ class Writer:
             data = json.loads(raw) if raw else {}
         except ValueError:
             data = {"message": raw[:300].decode(errors="replace")}
+        if self.on_write is not None:
+            self.on_write(_VERB.get(method, method.lower()), _resource(path), resp.status)
+        if self.exit_after_writes and self.writes >= self.exit_after_writes:
+            # crash tests: die between two writes as a node failure or OOM kill would
+            log.warning("--exit-after-writes %d reached (%s %s -> %d): SIGKILL", self.exit_after_writes,
+                        method, path, resp.status)
+            os.kill(os.getpid(), signal.SIGKILL)
         return resp.status, data
 
     @staticmethod

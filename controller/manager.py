@@ -16,12 +16,21 @@ from .expectations import Expectations
 from .gang_sync import GangSync
 from .informers import Informers, Key
 from .kubeapi import Writer
+from .metrics import ControllerMetrics, ProbeServer
 from .reconciler import Reconciler
 from .workqueue import WorkQueue, run_worker
 
 __all__ = ["LeaseConfig", "Manager"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Probe and metrics endpoints (0: that one is off; equal ports share one server)."""
+    host: str = "127.0.0.1"
+    health_port: int = 0
+    metrics_port: int = 0
 
 
 @dataclass(frozen=True)
@@ -36,7 +45,8 @@ class LeaseConfig:
 
 class Manager:
     def __init__(self, api: KubeApi, *, namespace: str = "", workers: int = 2,
-                 lease: LeaseConfig | None = None) -> None:
+                 lease: LeaseConfig | None = None, serve: ServeConfig | None = None,
+                 exit_after_writes: int = 0) -> None:
         """`lease`: leader election (None: act at once, e.g. a single replica)."""
         self.api = api
         self.workers = max(1, workers)
@@ -52,22 +62,62 @@ class Manager:
         self.queue: WorkQueue[Key] = WorkQueue()
         self.informers = Informers(api, namespace, self.queue.add)
         is_leader = (lambda: elector.is_leader) if elector is not None else (lambda: True)
-        self.writer = Writer(api, is_leader)
+        self.metrics = ControllerMetrics()
+        self.writer = Writer(api, is_leader, on_write=self.metrics.write, exit_after_writes=exit_after_writes)
         expectations = Expectations()
         # Volcano's PodGroup CRD, watched: a change re-queues every ModelServing.
         self.volcano = VolcanoWatch(api, namespace, self.queue.add, self._requeue_all)
         self.reconciler = Reconciler(self.informers, self.writer, expectations,
                                      gang=GangSync(self.volcano, self.writer, expectations))
+        self._informers_task: asyncio.Task[object] | None = None
+        self.probes: ProbeServer | None = None
+        if serve is not None and (serve.health_port or serve.metrics_port):
+            self.probes = ProbeServer(self.metrics, serve.host, serve.health_port, serve.metrics_port,
+                                      self._ready, self._alive, self._refresh_gauges)
 
     def _requeue_all(self) -> None:
         for key in list(self.informers.modelservings.store):
             self.queue.add(key)
 
+    # --- probes and gauges ----------------------------------------------------------------
+    def _alive(self) -> bool:
+        t = self._informers_task
+        return t is not None and not t.done()
+
+    def _ready(self) -> tuple[bool, str]:
+        if not (self.informers.synced and self.volcano.synced):
+            return False, "caches not synced"
+        return True, "leader" if self._leading() else "standby (caches synced)"
+
+    def _leading(self) -> bool:
+        return self._started.is_set() and not self.lost.is_set() and \
+            (self.elector is None or self.elector.is_leader)
+
+    def _refresh_gauges(self) -> None:
+        m = self.metrics
+        m.leader.set(1 if self._leading() else 0)
+        m.synced.set(1 if self.informers.synced else 0)
+        m.queue_depth.set(len(self.queue))
+        m.queue_in_process.set(len(self.queue.processing))
+        for r in self.informers.reflectors:
+            m.cached.labels(r.resource.name).set(len(r.store))
+
     async def run(self) -> int:
-        """Until cancelled (0 after a clean stop) or leadership is lost (returns 1)."""
-        tasks: list[asyncio.Task[object]] = [asyncio.create_task(self.informers.run(), name="informers"),
+        """Until cancelled (0 after a clean stop) or leadership is lost (returns 1); 2 when the
+        probe/metrics ports cannot be bound."""
+        self._informers_task = asyncio.create_task(self.informers.run(), name="informers")
+        tasks: list[asyncio.Task[object]] = [self._informers_task,
                                              asyncio.create_task(self.volcano.run(), name="volcano")]
         try:
+            if self.probes is not None:
+                try:
+                    await self.probes.start()
+                except OSError as exc:  # the port is taken, or the address is not ours
+                    log.error("cannot serve probes/metrics on %s ports %s: %s", self.probes.host,
+                              self.probes.ports, exc)
+                    return 2
+            if self.elector is None:
+                self._started.set()
             if self.elector is not None:
                 self.elector.start()
                 log.info("%s: waiting for the Lease %s/%s", self.elector.identity, self.elector.namespace,
@@ -80,7 +130,8 @@ class Manager:
                      len(self.informers.services.store), self.workers)
             for key in list(self.informers.modelservings.store):
                 self.queue.add(key)
-            tasks += [asyncio.create_task(run_worker(self.queue, self.reconciler.reconcile), name=f"worker {i}")
+            handler = self.metrics.wrap(self.reconciler.reconcile)
+            tasks += [asyncio.create_task(run_worker(self.queue, handler), name=f"worker {i}")
                       for i in range(self.workers)]
             await self.lost.wait()
             log.error("leader election lost; exiting")
@@ -92,3 +143,5 @@ class Manager:
             await asyncio.gather(*tasks, return_exceptions=True)
             if self.elector is not None:
                 await self.elector.stop(release=not self.lost.is_set())
+            if self.probes is not None:
+                await self.probes.stop()

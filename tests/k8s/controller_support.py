@@ -3,8 +3,12 @@ real process (python -m controller), ModelServing documents, pod/Service reads, 
 
 from __future__ import annotations
 
+import json
+import threading
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 import harness
 import k8s_harness
@@ -14,13 +18,23 @@ LABEL_GROUP = "modelserving.volcano.sh/group-name"
 
 
 def start_controller(cp: k8s_harness.ControlPlane, ns: str, log_dir: Path, identity: str,
-                     lease: tuple[float, float, float] = (3.0, 2.0, 0.3)) -> harness.ManagedProcess:
+                     lease: tuple[float, float, float] = (3.0, 2.0, 0.3), *, kubeconfig: Path | None = None,
+                     port: int = 0, extra: list[str] | None = None) -> harness.ManagedProcess:
+    """`port`: serve /healthz, /readyz and /metrics there (127.0.0.1); `extra`: more flags."""
     duration, deadline, retry = lease
+    serve = ["--health-port", str(port), "--metrics-port", str(port)] if port else []
     return harness.ManagedProcess(f"controller-{identity}", [
-        harness.PYTHON, "-m", "controller", "--kubeconfig", str(cp.kubeconfig), "--namespace", ns,
+        harness.PYTHON, "-m", "controller", "--kubeconfig", str(kubeconfig or cp.kubeconfig), "--namespace", ns,
         "--leader-elect-namespace", ns, "--leader-elect-identity", identity, "--workers", "2",
         "--leader-elect-lease-duration", str(duration), "--leader-elect-renew-deadline", str(deadline),
-        "--leader-elect-retry-period", str(retry)], log_dir)
+        "--leader-elect-retry-period", str(retry), *serve, *(extra or [])], log_dir)
+
+
+def controller_metric(port: int, name: str, **labels: str) -> float:
+    """A sample of the controller's /metrics (summed over matching label sets; 0 if absent)."""
+    r = httpx.get(f"http://{harness.HOST}:{port}/metrics", timeout=5)
+    r.raise_for_status()
+    return harness.metric_value(harness.parse_metrics(r.text), name, **labels)
 
 
 def template(image: str, **meta: Any) -> dict[str, Any]:
@@ -106,3 +120,55 @@ def condition(obj: dict[str, Any], ctype: str) -> str | None:
 
 def env(pod: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0].get("env") or []}
+
+
+class Watch:
+    """A background watch of one collection from a resourceVersion taken before the test
+    acts: every ADDED/MODIFIED/DELETED event, in the apiserver's order, as (type, rv, object).
+    Resumed from the last resourceVersion after an ERROR event (a watch cache still behind a
+    fresh list says "Too large resource version") or a closed stream (the server ends each
+    watch after 2 s, so close() can wait for the thread: its socket is never closed under a
+    blocked read, whose file descriptor another connection could already reuse).
+
+    The resourceVersions are etcd revisions of the one etcd of the test control plane, so
+    events of different collections can be ordered by them (Kubernetes calls them opaque;
+    within one etcd they are the store's global revision)."""
+
+    def __init__(self, cp: k8s_harness.ControlPlane, path: str) -> None:
+        self.path = path
+        self.events: list[tuple[str, int, dict[str, Any]]] = []
+        self._stop = threading.Event()
+        self._client = httpx.Client(base_url=cp.url, headers=cp.auth_headers, verify=cp.ssl_context(),
+                                    timeout=httpx.Timeout(10, read=30))
+        rv = self._client.get(path).json()["metadata"]["resourceVersion"]
+        self._thread = threading.Thread(target=self._run, args=(rv,), daemon=True)
+        self._thread.start()
+
+    def _run(self, rv: str) -> None:
+        try:
+            while not self._stop.is_set():
+                params = {"watch": "1", "resourceVersion": rv, "timeoutSeconds": "2"}
+                try:
+                    with self._client.stream("GET", self.path, params=params) as resp:
+                        for line in resp.iter_lines():
+                            if not line:
+                                continue
+                            ev = json.loads(line)
+                            if ev["type"] == "ERROR":
+                                self._stop.wait(0.2)
+                                break
+                            obj = ev["object"]
+                            rv = obj["metadata"].get("resourceVersion", rv)
+                            if ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                                self.events.append((ev["type"], int(rv), obj))
+                except httpx.HTTPError:
+                    self._stop.wait(0.2)
+        finally:
+            self._client.close()
+
+    def names(self, etype: str) -> list[str]:
+        return [obj["metadata"]["name"] for t, _, obj in self.events if t == etype]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(40)
