@@ -73,6 +73,11 @@ class Deletions:
         with self._lock:
             return list(self.uids)
 
+    def settle(self, want: list[str]) -> list[str]:
+        """The deleted uids once at least as many as `want` arrived (the watch may lag)."""
+        harness.wait_until(lambda: len(self.seen()) >= len(want), 20, what=f"{len(want)} deletions watched")
+        return self.seen()
+
     def stop(self) -> None:
         self._http.close()
 
@@ -165,8 +170,8 @@ def test_role_recreate_recreates_only_that_role_replica(api: Api) -> None:
         for name in names:
             set_status(api, name)
         api.wait_status("rr", availableReplicas=1)
-        assert sorted(watch.seen()) == sorted([before[n] for n in role] + [after["rr-0-decode-0-0"]] +
-                                              [after2[n] for n in role0])
+        want = [before[n] for n in role] + [after["rr-0-decode-0-0"]] + [after2[n] for n in role0]
+        assert sorted(watch.settle(want)) == sorted(want)
     finally:
         watch.stop()
 
@@ -184,7 +189,8 @@ def test_serving_group_recreate_recreates_the_whole_group(api: Api) -> None:
         for name in group1:
             set_status(api, name)
         api.wait_status("sg", availableReplicas=2)
-        assert sorted(watch.seen()) == sorted(before[n] for n in group1)
+        want = [before[n] for n in group1]
+        assert sorted(watch.settle(want)) == sorted(want)
     finally:
         watch.stop()
 
@@ -206,7 +212,8 @@ def test_none_leaves_failed_pods_and_recreates_a_deleted_one_alone(api: Api) -> 
         assert api.pods("none")["none-0-prefill-0-1"]["status"]["phase"] == "Failed"
         set_status(api, "none-0-prefill-0-0")
         api.wait_status("none", availableReplicas=0, replicas=1)
-        assert watch.seen() == [before["none-0-prefill-0-0"]]
+        want = [before["none-0-prefill-0-0"]]
+        assert watch.settle(want) == want
     finally:
         watch.stop()
 
@@ -232,7 +239,7 @@ def test_grace_period_keeps_a_pod_that_recovers_in_time(api: Api) -> None:
         assert after[a] == before[a]
         set_status(api, b)
         api.wait_status("grace", availableReplicas=1)
-        assert watch.seen() == [before[b]]
+        assert watch.settle([before[b]]) == [before[b]]
     finally:
         watch.stop()
 
@@ -252,7 +259,7 @@ def test_flapping_pod_costs_one_recovery_per_incarnation(api: Api) -> None:
         for name in names:
             set_status(api, name, uid=first[name])
         api.wait_status("flap", availableReplicas=1)
-        assert sorted(watch.seen()) == sorted(before.values())
+        assert sorted(watch.settle(list(before.values()))) == sorted(before.values())
         # the new incarnation crashes too: recovered again (after the backoff, by a requeue
         # with no event to wake the controller), once
         set_status(api, "flap-0-web-0-0", ready=False, restarts=1, uid=first["flap-0-web-0-0"])
@@ -260,6 +267,7 @@ def test_flapping_pod_costs_one_recovery_per_incarnation(api: Api) -> None:
         for name in names:
             set_status(api, name, uid=second[name])
         api.wait_status("flap", availableReplicas=1)
-        assert sorted(watch.seen()) == sorted(list(before.values()) + list(first.values()))
+        want = list(before.values()) + list(first.values())
+        assert sorted(watch.settle(want)) == sorted(want)
     finally:
         watch.stop()
