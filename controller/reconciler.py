@@ -93,6 +93,7 @@ class Reconciler:
                 await self.writer.delete(object_path("v1", _PLURAL[kind], key[0], m["name"]), str(m["uid"]))
                 self.expectations.deleted(key, kind, str(m["uid"]))
                 gone.add(str(m["uid"]))
+        self.recovery.applied(key, d)
         if not gone:
             return pods, services, d.requeue_after
         keep = [o for o in pods if str(o["metadata"]["uid"]) not in gone]

@@ -307,6 +307,13 @@ class Recovery:
     def forget(self, key: Key) -> None:
         self._state.pop(key, None)
 
+    def applied(self, key: Key, d: Decision) -> None:
+        """The deletes of `d` went through: its lost pods are dealt with."""
+        st = self._state.get(key)
+        if st is not None:
+            done = set().union(*d.triggers.values()) if d.triggers else set()
+            st.lost = {u: p for u, p in st.lost.items() if u not in done}
+
     def step(self, key: Key, ms: Obj, pods: list[Obj], services: list[Obj], ours: set[str],
              now: datetime) -> Decision:
         """`pods`: live owned pods with the controller's unseen writes applied; `ours`: uids
@@ -326,10 +333,11 @@ class Recovery:
         d = decide(ms, pods, services, now, lost=list(st.lost.values()), first_seen=st.first_seen,
                    history=st.history, base=self.base, cap=self.cap, reset=self.reset)
         st.history = record(st.history, d, now, self.reset)
-        waiting = {u for u, _ in d.postponed}
+        pending = {u for u, _ in d.postponed} | set(d.triggers)
         pol = policy(ms)
-        # a lost pod stays remembered only while its unit's recreation is postponed
-        st.lost = {u: p for u, p in st.lost.items() if unit_of(p, pol) in waiting}
+        # a lost pod stays remembered while its unit's recreation is postponed or not yet
+        # done (applied() drops it once the deletes went through)
+        st.lost = {u: p for u, p in st.lost.items() if unit_of(p, pol) in pending}
         cutoff = now - timedelta(seconds=self.reset)
         st.history = {u: h for u, h in st.history.items() if h.last > cutoff}
         return d

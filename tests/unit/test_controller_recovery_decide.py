@@ -202,6 +202,10 @@ def test_lost_pod_recreates_its_unit_once() -> None:
     pods.pop("llm-0-prefill-1-1")
     d = rec.step(key, m, list(pods.values()), svcs, set(), T0)
     assert names(d.delete_pods) == ["llm-0-prefill-1-0"] and names(d.delete_services) == ["llm-0-prefill-1-0"]
+    # the deletes failed (the reconcile raised before applied()): the retry does the same, at once
+    d = rec.step(key, m, list(pods.values()), svcs, set(), T0 + timedelta(seconds=1))
+    assert names(d.delete_pods) == ["llm-0-prefill-1-0"] and not d.postponed
+    rec.applied(key, d)
     pods.pop("llm-0-prefill-1-0")
     left = [s for s in svcs if s["metadata"]["name"] != "llm-0-prefill-1-0"]
     assert rec.step(key, m, list(pods.values()), left, {"uid-llm-0-prefill-1-0"}, T0).delete_pods == []
@@ -271,18 +275,24 @@ def test_lost_pod_waits_for_backoff_then_recreates_its_unit() -> None:
     pods, svcs = world(m)
     rec.step(key, m, list(pods.values()), svcs, set(), T0)
     pods.pop("llm-0-prefill-0-0")
-    assert rec.step(key, m, list(pods.values()), svcs, set(), T0).delete_pods  # first: at once
+    d = rec.step(key, m, list(pods.values()), svcs, set(), T0)
+    assert d.delete_pods  # first: at once
+    rec.applied(key, d)
     pods, svcs = world(m)
     for p in pods.values():
-        p["metadata"]["uid"] += "-b"
-    rec.step(key, m, list(pods.values()), svcs, {"uid-llm-0-prefill-0-1"}, T0 + timedelta(seconds=1))
+        if p["metadata"]["name"].startswith("llm-0-prefill-0-"):
+            p["metadata"]["uid"] += "-b"  # the recreated role replica
+    d = rec.step(key, m, list(pods.values()), svcs, {"uid-llm-0-prefill-0-1"}, T0 + timedelta(seconds=1))
+    assert d.delete_pods == [] and d.postponed == []
     pods.pop("llm-0-prefill-0-0")
     d = rec.step(key, m, list(pods.values()), svcs, set(), T0 + timedelta(seconds=2))
     assert d.delete_pods == [] and d.postponed  # held back, remembered
     d = rec.step(key, m, list(pods.values()), svcs, set(), T0 + timedelta(seconds=11))
     assert names(d.delete_pods) == ["llm-0-prefill-0-1"]
-    d = rec.step(key, m, list(pods.values()), svcs, set(), T0 + timedelta(seconds=12))
-    assert d.delete_pods == []
+    rec.applied(key, d)
+    pods.pop("llm-0-prefill-0-1")
+    d = rec.step(key, m, list(pods.values()), svcs, {"uid-llm-0-prefill-0-1-b"}, T0 + timedelta(seconds=12))
+    assert d.delete_pods == [] and d.postponed == []
 
 
 def test_informer_trim_keeps_container_restarts_and_states() -> None:
