@@ -46,6 +46,11 @@ class Expectations:
         return sum(len(v) for k, v in self._creates.items() if k[0] == owner) + sum(
             len(v) for k, v in self._deletes.items() if k[0] == owner)
 
+    def pending_deletes(self, owner: Key, kind: str) -> set[str]:
+        """Uids this controller deleted whose removal the cache may not show yet (read before
+        `overlay`, which drops the confirmed ones)."""
+        return set(self._deletes.get((owner, kind), {}))
+
     def overlay(self, owner: Key, kind: str, observed: list[Obj]) -> list[Obj]:
         """`observed` (live objects from the cache) corrected by the writes not seen yet;
         expectations the cache now confirms (or that expired) are dropped."""

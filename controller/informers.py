@@ -6,7 +6,8 @@ Every change of a ModelServing enqueues its key; every change of an owned pod or
 enqueues its owner's key (before and after the change, so moving ownership is seen on both
 sides). Pods and Services are watched with Kthena's selector (the group-name label exists)
 and owned by their controller ownerReference to a ModelServing. Pods are trimmed to what
-the controller reads (metadata and status phase/conditions).
+the controller reads (metadata, status phase/conditions, and the container statuses'
+restartCount/state/lastState for recovery).
 """
 
 from __future__ import annotations
@@ -46,8 +47,15 @@ def _trim_pod(pod: Obj) -> Obj:
     st = pod.get("status") or {}
     keep = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations", "ownerReferences",
             "deletionTimestamp", "creationTimestamp")
-    return {"metadata": {k: meta[k] for k in keep if k in meta},
-            "status": {"phase": st.get("phase"), "conditions": st.get("conditions") or []}}
+    status: Obj = {"phase": st.get("phase"), "conditions": st.get("conditions") or []}
+    for field in ("initContainerStatuses", "containerStatuses"):  # recovery: restarts and their times
+        if st.get(field):
+            status[field] = [_trim_container_status(cs) for cs in st[field]]
+    return {"metadata": {k: meta[k] for k in keep if k in meta}, "status": status}
+
+
+def _trim_container_status(cs: Obj) -> Obj:
+    return {k: cs[k] for k in ("name", "restartCount", "ready", "state", "lastState") if k in cs}
 
 
 def _path(namespace: str, api_version: str, plural: str) -> str:

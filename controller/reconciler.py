@@ -2,7 +2,9 @@
 status. Level-triggered: it reads only the caches (never the event that woke it), so any
 starting state converges and running it twice changes nothing.
 
-- Deletes first (the surplus chosen by the planner), each with a uid precondition, then
+- Recovery first (controller/recovery.py): failed, restarted or lost pods get their role
+  replica or ServingGroup deleted per spec.recoveryPolicy; the plan recreates them.
+- Deletes (the surplus chosen by the planner), each with a uid precondition, then
   creates (Services, then pods): POST of the rendered object; an existing object of the
   same name is never overwritten (no blind update). A name held by an object that is not
   ours (or still terminating) blocks that create; the reconcile is retried with backoff.
@@ -35,6 +37,7 @@ from .gang_sync import GangSync
 from .informers import Informers, Key
 from .kubeapi import Writer, collection_path, object_path
 from .planner import Plan, plan
+from .recovery import Decision, Recovery
 from .status import Extra, desired_status
 from .workqueue import RetryableError
 
@@ -54,13 +57,14 @@ class Blocked(RetryableError):
 class Reconciler:
     def __init__(self, informers: Informers, writer: Writer, expectations: Expectations | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
-                 gang: GangSync | None = None) -> None:
+                 gang: GangSync | None = None, recovery: Recovery | None = None) -> None:
         """`gang`: Volcano PodGroups (controller/gang_sync.py); None: never used."""
         self.informers = informers
         self.gang = gang
         self.writer = writer
         self.expectations = expectations or Expectations()
         self.clock = clock
+        self.recovery = recovery or Recovery()
         self.status_writes = 0
         # key -> (the resourceVersion a status patch was based on, the object it returned): until
         # the cache moves past that resourceVersion, the returned object is the newer one
@@ -81,15 +85,18 @@ class Reconciler:
         if ms is None:
             self.expectations.forget(key)
             self._own_writes.pop(key, None)
+            self.recovery.forget(key)
             return None
         ms = self._latest(key, ms)
         meta = ms["metadata"]
         if meta.get("deletionTimestamp"):
             return None  # the garbage collector removes what it owns
         uid = str(meta["uid"])
+        ours = self.expectations.pending_deletes(key, "pods")  # before overlay drops the confirmed ones
         pods = self.expectations.overlay(key, "pods", self.informers.owned("pods", key, uid))
         services = self.expectations.overlay(key, "services", self.informers.owned("services", key, uid))
         revisions = self.expectations.overlay(key, history.KIND, self.informers.owned(history.KIND, key, uid))
+        pods, services, again = await self._recover(key, ms, pods, services, ours)
         p = plan(ms, pods, services, history.templates(revisions))
         gang = await self.gang.sync(key, ms, p) if self.gang is not None else None  # before any pod
         if gang is not None and gang.wait is not None:
@@ -107,7 +114,30 @@ class Reconciler:
         if blocked:
             raise Blocked(f"{key[0]}/{key[1]}: {', '.join(blocked)} exist but are not ours (or still "
                           f"terminating); retrying")
-        return None
+        return again
+
+    async def _recover(self, key: Key, ms: Obj, pods: list[Obj], services: list[Obj], ours: set[str]
+                       ) -> tuple[list[Obj], list[Obj], float | None]:
+        """The recovery policy (controller/recovery.py): delete the role replicas or groups to
+        recreate (uid preconditions); the plan then sees them missing and creates them.
+        Returns the pods and Services left, and when to look again (a grace period or backoff)."""
+        d: Decision = self.recovery.step(key, ms, pods, services, ours, self.clock())
+        for unit, why in d.recreate:
+            log.info("%s/%s: recreating %s (%s)", key[0], key[1], unit, why)
+        for unit, wait in d.postponed:
+            log.info("%s/%s: recreation of %s held back %.0fs (backoff)", key[0], key[1], unit, wait)
+        gone: set[str] = set()
+        for kind, doomed in (("services", d.delete_services), ("pods", d.delete_pods)):
+            for obj in doomed:
+                m = obj["metadata"]
+                await self.writer.delete(object_path("v1", _PLURAL[kind], key[0], m["name"]), str(m["uid"]))
+                self.expectations.deleted(key, kind, str(m["uid"]))
+                gone.add(str(m["uid"]))
+        self.recovery.applied(key, d)
+        if not gone:
+            return pods, services, d.requeue_after
+        keep = [o for o in pods if str(o["metadata"]["uid"]) not in gone]
+        return keep, [s for s in services if str(s["metadata"]["uid"]) not in gone], d.requeue_after
 
     @staticmethod
     def _plugins(ms: Obj, p: Plan, extra: dict[str, Extra]) -> Chain | None:

@@ -111,8 +111,10 @@ def test_deleted_pod_and_service_are_recreated(api: Api) -> None:
                                   "heal-0-prefill-1-1", "heal-0-decode-0-0", "heal-0-decode-0-1", "heal-0-decode-0-2"})
     harness.wait_until(lambda: len(api.services("heal")) == 3, 20, what="3 services")
     old_uid = pods["heal-0-decode-0-1"]["metadata"]["uid"]
-    api.delete("pods", "heal-0-decode-0-1")
+    # the Service first: the deleted pod then takes its role replica's Service along
+    # (RoleRecreate, tests/k8s/test_controller_recovery.py)
     api.delete("services", "heal-0-decode-0-0")
+    api.delete("pods", "heal-0-decode-0-1")
     harness.wait_until(lambda: (p := api.pods("heal").get("heal-0-decode-0-1")) and p["metadata"]["uid"] != old_uid,
                        20, what="pod recreated")
     harness.wait_until(lambda: "heal-0-decode-0-0" in api.services("heal"), 20, what="service recreated")
