@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--leader-elect-lease-duration", type=float, default=15.0)
     p.add_argument("--leader-elect-renew-deadline", type=float, default=10.0)
     p.add_argument("--leader-elect-retry-period", type=float, default=2.0)
+    p.add_argument("--model-booster", type=_bool, nargs="?", const=True, default=True,
+                   help="also run the ModelBooster controller (default true; needs its CRDs)")
+    p.add_argument("--model-booster-downloader-image", default="kthena/downloader:latest")
+    p.add_argument("--model-booster-runtime-image", default="kthena/runtime:latest")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -81,7 +85,10 @@ async def _run(args: argparse.Namespace) -> int:
                             args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
                             args.leader_elect_retry_period)
     try:
-        manager = Manager(api, namespace=args.namespace, workers=args.workers, lease=lease)
+        from .booster.common import Images
+        images = (Images(args.model_booster_downloader_image, args.model_booster_runtime_image)
+                  if args.model_booster else None)
+        manager = Manager(api, namespace=args.namespace, workers=args.workers, lease=lease, booster=images)
     except ValueError as exc:
         print(f"kthena-controller: {exc}", file=sys.stderr)
         await api.close()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from kthena_router.kube.client import KubeApi
 from kthena_router.kube.leader import LeaderElector
 
+from .booster.controller import BoosterController, Images
 from .expectations import Expectations
 from .informers import Informers, Key
 from .kubeapi import Writer
@@ -34,8 +35,9 @@ class LeaseConfig:
 
 class Manager:
     def __init__(self, api: KubeApi, *, namespace: str = "", workers: int = 2,
-                 lease: LeaseConfig | None = None) -> None:
-        """`lease`: leader election (None: act at once, e.g. a single replica)."""
+                 lease: LeaseConfig | None = None, booster: Images | None = Images()) -> None:
+        """`lease`: leader election (None: act at once, e.g. a single replica); `booster`: the
+        ModelBooster controller's images (None: do not run it)."""
         self.api = api
         self.workers = max(1, workers)
         self.lost = asyncio.Event()
@@ -52,17 +54,20 @@ class Manager:
         is_leader = (lambda: elector.is_leader) if elector is not None else (lambda: True)
         self.writer = Writer(api, is_leader)
         self.reconciler = Reconciler(self.informers, self.writer, Expectations())
+        self.booster = BoosterController(api, namespace, self.writer, booster) if booster is not None else None
 
     async def run(self) -> int:
         """Until cancelled (0 after a clean stop) or leadership is lost (returns 1)."""
         tasks: list[asyncio.Task[object]] = [asyncio.create_task(self.informers.run(), name="informers")]
+        if self.booster is not None:
+            tasks.append(self.booster.run_informers())
         try:
             if self.elector is not None:
                 self.elector.start()
                 log.info("%s: waiting for the Lease %s/%s", self.elector.identity, self.elector.namespace,
                          self.elector.name)
                 await self._started.wait()
-            while not self.informers.synced:
+            while not (self.informers.synced and (self.booster is None or self.booster.synced)):
                 await asyncio.sleep(0.05)
             log.info("caches synced (%d ModelServings, %d pods, %d Services); starting %d workers",
                      len(self.informers.modelservings.store), len(self.informers.pods.store),
@@ -71,11 +76,15 @@ class Manager:
                 self.queue.add(key)
             tasks += [asyncio.create_task(run_worker(self.queue, self.reconciler.reconcile), name=f"worker {i}")
                       for i in range(self.workers)]
+            if self.booster is not None:
+                tasks += self.booster.start_workers(self.workers)
             await self.lost.wait()
             log.error("leader election lost; exiting")
             return 1
         finally:
             self.queue.shut_down()
+            if self.booster is not None:
+                self.booster.stop()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
