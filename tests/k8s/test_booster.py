@@ -307,3 +307,14 @@ def test_deleting_the_booster_removes_everything(api: BoosterApi) -> None:
                        what="pods and the booster removed by the garbage collector")
     time.sleep(0.5)  # nothing is recreated after the owner is gone
     assert api.get("ModelServing", "gone-main") is None and api.get("ModelRoute", "gone") is None
+
+
+def test_backend_rename_replaces_the_generated_objects(api: BoosterApi) -> None:
+    api.cp.apply([booster("ren", "vLLM", [server_worker()])])
+    api.wait_generated("ren")
+    api.patch("ModelBooster", "ren", {"spec": {"backend": {"name": "next"}}})
+    objs = api.wait_generated("ren")
+    assert objs["ModelServing"]["metadata"]["name"] == "ren-next"
+    assert objs["ModelRoute"]["spec"]["rules"][0]["targetModels"][0]["modelServerName"] == "ren-next"
+    api.wait_gone("ModelServing", "ren-main", 30)
+    api.wait_gone("ModelServer", "ren-main", 30)
