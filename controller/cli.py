@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--leader-elect-lease-duration", type=float, default=15.0)
     p.add_argument("--leader-elect-renew-deadline", type=float, default=10.0)
     p.add_argument("--leader-elect-retry-period", type=float, default=2.0)
+    p.add_argument("--model-booster", type=_bool, nargs="?", const=True, default=True,
+                   help="also run the ModelBooster controller (default true; needs its CRDs)")
+    p.add_argument("--model-booster-downloader-image", default="kthena/downloader:latest")
+    p.add_argument("--model-booster-runtime-image", default="kthena/runtime:latest")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     # probes and metrics (controller/metrics.py); 0 turns one off, equal ports share a server
     p.add_argument("--bind-address", default="127.0.0.1",
@@ -73,6 +77,7 @@ def _lease_namespace(flag: str) -> str:
 async def _run(args: argparse.Namespace) -> int:
     from kthena_router.kube.client import connect
 
+    from .booster.common import Images
     from .manager import LeaseConfig, Manager, ServeConfig
 
     try:
@@ -88,9 +93,11 @@ async def _run(args: argparse.Namespace) -> int:
                             args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
                             args.leader_elect_retry_period)
     try:
+        images = (Images(args.model_booster_downloader_image, args.model_booster_runtime_image)
+                  if args.model_booster else None)
         manager = Manager(api, namespace=args.namespace, workers=args.workers, lease=lease,
                           serve=ServeConfig(args.bind_address, args.health_port, args.metrics_port),
-                          exit_after_writes=args.exit_after_writes)
+                          exit_after_writes=args.exit_after_writes, booster=images)
     except ValueError as exc:
         print(f"kthena-controller: {exc}", file=sys.stderr)
         await api.close()

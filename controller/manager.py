@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from kthena_router.kube.client import KubeApi
 from kthena_router.kube.leader import LeaderElector
 
+from .booster.controller import BoosterController, Images
 from .capabilities import VolcanoWatch
 from .expectations import Expectations
 from .gang_sync import GangSync
@@ -46,8 +47,9 @@ class LeaseConfig:
 class Manager:
     def __init__(self, api: KubeApi, *, namespace: str = "", workers: int = 2,
                  lease: LeaseConfig | None = None, serve: ServeConfig | None = None,
-                 exit_after_writes: int = 0) -> None:
-        """`lease`: leader election (None: act at once, e.g. a single replica)."""
+                 exit_after_writes: int = 0, booster: Images | None = Images()) -> None:
+        """`lease`: leader election (None: act at once, e.g. a single replica); `booster`: the
+        ModelBooster controller's images (None: do not run it)."""
         self.api = api
         self.workers = max(1, workers)
         self.lost = asyncio.Event()
@@ -69,6 +71,7 @@ class Manager:
         self.volcano = VolcanoWatch(api, namespace, self.queue.add, self._requeue_all)
         self.reconciler = Reconciler(self.informers, self.writer, expectations,
                                      gang=GangSync(self.volcano, self.writer, expectations))
+        self.booster = BoosterController(api, namespace, self.writer, booster) if booster is not None else None
         self._informers_task: asyncio.Task[object] | None = None
         self.probes: ProbeServer | None = None
         if serve is not None and (serve.health_port or serve.metrics_port):
@@ -85,9 +88,12 @@ class Manager:
         return t is not None and not t.done()
 
     def _ready(self) -> tuple[bool, str]:
-        if not (self.informers.synced and self.volcano.synced):
+        if not self._synced():
             return False, "caches not synced"
         return True, "leader" if self._leading() else "standby (caches synced)"
+
+    def _synced(self) -> bool:
+        return self.informers.synced and self.volcano.synced and (self.booster is None or self.booster.synced)
 
     def _leading(self) -> bool:
         return self._started.is_set() and not self.lost.is_set() and \
@@ -108,6 +114,8 @@ class Manager:
         self._informers_task = asyncio.create_task(self.informers.run(), name="informers")
         tasks: list[asyncio.Task[object]] = [self._informers_task,
                                              asyncio.create_task(self.volcano.run(), name="volcano")]
+        if self.booster is not None:
+            tasks.append(self.booster.run_informers())
         try:
             if self.probes is not None:
                 try:
@@ -123,7 +131,7 @@ class Manager:
                 log.info("%s: waiting for the Lease %s/%s", self.elector.identity, self.elector.namespace,
                          self.elector.name)
                 await self._started.wait()
-            while not (self.informers.synced and self.volcano.synced):
+            while not self._synced():
                 await asyncio.sleep(0.05)
             log.info("caches synced (%d ModelServings, %d pods, %d Services); starting %d workers",
                      len(self.informers.modelservings.store), len(self.informers.pods.store),
@@ -133,11 +141,15 @@ class Manager:
             handler = self.metrics.wrap(self.reconciler.reconcile)
             tasks += [asyncio.create_task(run_worker(self.queue, handler), name=f"worker {i}")
                       for i in range(self.workers)]
+            if self.booster is not None:
+                tasks += self.booster.start_workers(self.workers)
             await self.lost.wait()
             log.error("leader election lost; exiting")
             return 1
         finally:
             self.queue.shut_down()
+            if self.booster is not None:
+                self.booster.stop()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -9,7 +9,9 @@ from .schema import AGE, Column, Kind, array, integer, json_any, obj, opt, req, 
 
 __all__ = ["BACKEND_TYPES", "MODEL_BOOSTER", "WORKER_TYPES"]
 
-BACKEND_TYPES = ("vLLM", "vLLMDisaggregated")
+# Kthena's enum has vLLM and vLLMDisaggregated; its Go type declares SGLang too. We add SGLang and
+# SGLangDisaggregated (our templates, docs/booster.md).
+BACKEND_TYPES = ("vLLM", "vLLMDisaggregated", "SGLang", "SGLangDisaggregated")
 WORKER_TYPES = ("server", "prefill", "decode", "controller", "coordinator")
 _NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 

@@ -32,8 +32,13 @@ ROLES = [{"name": "llm", "replicas": 1, "workerReplicas": 1, "entryTemplate": te
 
 # (group, resource) -> verbs; everything the controller may do, and so everything granted
 GRANTED = {
-    (W, "modelservings"): {"get", "list", "watch"},
+    (W, "modelservings"): {"get", "list", "watch", "create", "patch", "delete"},
+    (W, "autoscalingpolicies"): {"get", "list", "watch", "create", "patch", "delete"},
+    (W, "modelboosters"): {"get", "list", "watch"},
     (W, "modelservings/status"): {"patch"},
+    (W, "modelboosters/status"): {"patch"},
+    ("networking.serving.volcano.sh", "modelservers"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("networking.serving.volcano.sh", "modelroutes"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch", "create", "delete"},
     ("", "services"): {"get", "list", "watch", "create", "delete"},
     ("apps", "controllerrevisions"): {"get", "list", "watch", "create", "delete"},
@@ -204,7 +209,7 @@ def test_service_account_may_do_what_the_controller_needs_and_nothing_more(
     extra = [("", "configmaps"), ("", "secrets"), ("", "pods/status"), ("", "pods/exec"), ("", "nodes"),
              ("", "serviceaccounts"), ("apps", "deployments"), ("apps", "statefulsets"),
              ("", "events"), ("events.k8s.io", "events"), ("rbac.authorization.k8s.io", "roles"),
-             ("networking.serving.volcano.sh", "modelroutes"), (W, "modelboosters"),
+             ("networking.serving.volcano.sh", "externalmodelproviders"), (W, "autoscalingpolicies/status"),
              ("scheduling.volcano.sh", "queues")]
     for (group, res), granted in {**GRANTED, **LEASES}.items():
         for verb in VERBS:
