@@ -41,14 +41,18 @@ def api(control_plane: k8s_harness.ControlPlane, tmp_path_factory: pytest.TempPa
 
 
 class Deletions:
-    """Uids of the ModelServing's pods deleted since creation, from a watch."""
+    """Uids of the ModelServing's pods deleted since creation, from a watch. The watch ends
+    every 2 s and resumes from the last resourceVersion, so stop() can join the thread before
+    its client closes (closing a socket under another thread's blocked read would free a file
+    descriptor that a later test's connection may reuse)."""
 
     def __init__(self, cp: k8s_harness.ControlPlane, ms: str) -> None:
         self.uids: list[str] = []
         self.names: list[str] = []
         self._lock = threading.Lock()
+        self._stop = threading.Event()
         self._http = httpx.Client(base_url=cp.url, headers=cp.auth_headers, verify=cp.ssl_context(),
-                                  timeout=httpx.Timeout(10, read=None))
+                                  timeout=httpx.Timeout(10, read=30))
         self._params = {"labelSelector": f"modelserving.volcano.sh/name={ms}"}
         listed = self._http.get(f"/api/v1/namespaces/{NS}/pods", params=self._params)
         listed.raise_for_status()
@@ -57,17 +61,26 @@ class Deletions:
         self._thread.start()
 
     def _run(self) -> None:
-        params = {**self._params, "watch": "true", "resourceVersion": self._rv, "timeoutSeconds": "600"}
         try:
-            with self._http.stream("GET", f"/api/v1/namespaces/{NS}/pods", params=params) as r:
-                for line in r.iter_lines():
-                    ev = json.loads(line)
-                    if ev.get("type") == "DELETED":
-                        with self._lock:
-                            self.uids.append(ev["object"]["metadata"]["uid"])
-                            self.names.append(ev["object"]["metadata"]["name"])
-        except Exception:  # closed by stop()
-            pass
+            while not self._stop.is_set():
+                params = {**self._params, "watch": "true", "resourceVersion": self._rv, "timeoutSeconds": "2"}
+                try:
+                    with self._http.stream("GET", f"/api/v1/namespaces/{NS}/pods", params=params) as r:
+                        for line in r.iter_lines():
+                            if not line:
+                                continue
+                            ev = json.loads(line)
+                            if ev.get("type") == "ERROR":
+                                raise AssertionError(f"watch error: {ev.get('object')}")
+                            self._rv = ev["object"]["metadata"].get("resourceVersion", self._rv)
+                            if ev.get("type") == "DELETED":
+                                with self._lock:
+                                    self.uids.append(ev["object"]["metadata"]["uid"])
+                                    self.names.append(ev["object"]["metadata"]["name"])
+                except httpx.HTTPError:
+                    self._stop.wait(0.2)  # resumes from the last resourceVersion
+        finally:
+            self._http.close()
 
     def seen(self) -> list[str]:
         with self._lock:
@@ -79,7 +92,8 @@ class Deletions:
         return self.seen()
 
     def stop(self) -> None:
-        self._http.close()
+        self._stop.set()
+        self._thread.join(40)
 
 
 def now() -> str:
