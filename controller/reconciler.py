@@ -8,6 +8,8 @@ starting state converges and running it twice changes nothing.
   creates (Services, then pods): POST of the rendered object; an existing object of the
   same name is never overwritten (no blind update). A name held by an object that is not
   ours (or still terminating) blocks that create; the reconcile is retried with backoff.
+  Writes of one kind go out in slow-start batches (1, 2, 4, ... 32 at once), as the
+  ReplicaSet controller creates pods.
 - Revisions (history.py): the update revision's ControllerRevision is created before
   anything else; revisions no longer in use are pruned after the status write.
 - Status: written only when it differs from the stored one, as a JSON merge patch of
@@ -23,8 +25,9 @@ starting state converges and running it twice changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -48,10 +51,28 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 _PLURAL = {"pods": "pods", "services": "services"}
 PLUGINS_CONDITION = "PluginsApplied"
+SLOW_START_LIMIT = 32  # most writes of one reconcile in flight at once
 
 
 class Blocked(RetryableError):
     pass
+
+
+async def slow_start(items: list[Obj], call: Callable[[Obj], Awaitable[None]], limit: int = SLOW_START_LIMIT) -> None:
+    """`call` on every item in concurrent batches of 1, 2, 4, ... up to `limit` (client-go's
+    slow start, as the ReplicaSet controller creates pods): a large ModelServing is not ~1000
+    sequential round trips, and a failing write stops after a small batch instead of
+    repeating for every object. The first error is raised once its batch has finished, so
+    every write that succeeded is recorded by `call`."""
+    size, i = 1, 0
+    while i < len(items):
+        batch = items[i:i + size]
+        results = await asyncio.gather(*(call(o) for o in batch), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        i += len(batch)
+        size = min(size * 2, limit)
 
 
 class Reconciler:
@@ -160,20 +181,21 @@ class Reconciler:
         if p.updating:
             log.info("%s/%s: replacing %s for revision %s", ns, key[1], ", ".join(p.updating), p.revision)
         for kind, doomed in (("pods", p.delete_pods), ("services", p.delete_services)):
-            for obj in doomed:
+            async def delete(obj: Obj, kind: str = kind) -> None:
                 m = obj["metadata"]
                 await self.writer.delete(object_path("v1", _PLURAL[kind], ns, m["name"]), str(m["uid"]))
                 self.expectations.deleted(key, kind, str(m["uid"]))
+            await slow_start(doomed, delete)
         blocked: list[str] = []
         pods = self._with_plugins(ms, p.create_pods, chain, extra)
-        for kind, new in (("services", p.create_services), ("pods", pods)):
-            for obj in new:
-                name = obj["metadata"]["name"]
+        for kind, new in (("services", p.create_services), ("pods", pods)):  # Services first: DNS names
+            async def create(obj: Obj, kind: str = kind) -> None:
                 made = await self.writer.create(collection_path("v1", _PLURAL[kind], ns), obj)
                 if made is None:
-                    blocked.append(f"{kind[:-1]} {name}")
+                    blocked.append(f"{kind[:-1]} {obj['metadata']['name']}")
                 else:
                     self.expectations.created(key, kind, made)
+            await slow_start(new, create)
         if p.create_pods or p.delete_pods:
             log.info("%s/%s: created %d pods, %d Services; deleted %d pods, %d Services", ns, key[1],
                      len(p.create_pods), len(p.create_services), len(p.delete_pods), len(p.delete_services))
