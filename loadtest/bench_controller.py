@@ -11,8 +11,8 @@ controller as a real process (python -m controller), then:
 2. --rolling-update (optional): every pod is marked Ready, then the template changes; this
    script acts as the kubelet (a watch marks each new pod Running and Ready) until every pod
    carries modelserving.volcano.sh/revision == status.updateRevision and
-   status.updatedReplicas == replicas. This needs rolling updates in the controller (being
-   built separately); without them the phase ends at --timeout with "not converged".
+   status.updatedReplicas == replicas (--max-unavailable: the rollout's maxUnavailable).
+--volcano installs Volcano's CRDs first (a PodGroup per ServingGroup).
 
 API calls: apiserver_request_total from the apiserver's own /metrics, before and after each
 phase, by verb and resource, minus this script's own requests (counted client-side), so what
@@ -44,10 +44,12 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the tests' control-plane harness (documented above)
+sys.path.insert(0, str(REPO / "tests" / "k8s"))  # volcano_crds: Volcano's CRDs (configs/crds/volcano)
 
 import harness  # noqa: E402
 import k8s_crds  # noqa: E402
 import k8s_harness  # noqa: E402
+import volcano_crds  # noqa: E402
 
 API = "workload.serving.volcano.sh/v1alpha1"
 NS = "bench"
@@ -125,13 +127,19 @@ def delta(after: Counter[Key], before: Counter[Key]) -> Counter[Key]:
 # --- the workload -----------------------------------------------------------------------
 
 
-def modelserving(groups: int, roles: int, workers: int, image: str) -> dict[str, Any]:
+def modelserving(groups: int, roles: int, workers: int, image: str, max_unavailable: str | None = None
+                 ) -> dict[str, Any]:
     def tpl(img: str) -> dict[str, Any]:
-        return {"spec": {"containers": [{"name": "engine", "image": img}]}}
-    return {"apiVersion": API, "kind": "ModelServing", "metadata": {"name": NAME, "namespace": NS},
-            "spec": {"replicas": groups, "template": {"roles": [
-                {"name": f"role{r}", "replicas": 1, "workerReplicas": workers, "entryTemplate": tpl(image),
-                 "workerTemplate": tpl(image)} for r in range(roles)]}}}
+        return {"spec": {"containers": [{"name": "engine", "image": img,
+                                         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}
+    spec: dict[str, Any] = {"replicas": groups, "template": {"roles": [
+        {"name": f"role{r}", "replicas": 1, "workerReplicas": workers, "entryTemplate": tpl(image),
+         "workerTemplate": tpl(image)} for r in range(roles)]}}
+    if max_unavailable is not None:
+        mu: int | str = int(max_unavailable) if max_unavailable.isdigit() else max_unavailable
+        spec["rolloutStrategy"] = {"type": "ServingGroupRollingUpdate",
+                                   "rollingUpdateConfiguration": {"maxUnavailable": mu}}
+    return {"apiVersion": API, "kind": "ModelServing", "metadata": {"name": NAME, "namespace": NS}, "spec": spec}
 
 
 def pod_names(c: Counted) -> dict[str, dict[str, Any]]:
@@ -213,7 +221,7 @@ def create_phase(c: Counted, port: int, a: argparse.Namespace) -> dict[str, Any]
     services = a.groups * a.roles if a.workers > 0 else 0
     t0 = time.monotonic()
     r = c.http.post(f"/apis/{API}/namespaces/{NS}/modelservings", json=modelserving(a.groups, a.roles, a.workers,
-                                                                                    "engine:1"))
+                                                                                    "engine:1", a.max_unavailable))
     assert r.status_code == 201, r.text
     harness.wait_until(lambda: controller_writes(port)[("create", "pods")] >= pods, a.timeout, interval=0.05,
                        what=f"{pods} pod creates")
@@ -227,7 +235,9 @@ def create_phase(c: Counted, port: int, a: argparse.Namespace) -> dict[str, Any]
     assert len([s for s in svc if s["metadata"]["name"] != "kubernetes"]) == services
     return {"pods": pods, "services": services, "seconds_to_all_pods": round(t_pods, 2),
             "seconds_to_status": round(t_status, 2),
-            "minimum_writes": {"create pods": pods, "create services": services, "update/patch status": 1}}
+            "minimum_writes": {"create pods": pods, "create services": services, "create controllerrevisions": 1,
+                               "update/patch status": 1,
+                               **({"create podgroups": a.groups} if a.volcano else {})}}
 
 
 def rolling_phase(c: Counted, port: int, a: argparse.Namespace) -> dict[str, Any]:
@@ -244,7 +254,7 @@ def rolling_phase(c: Counted, port: int, a: argparse.Namespace) -> dict[str, Any
 
     def run() -> dict[str, Any]:
         t0 = time.monotonic()
-        patch = {"spec": {"template": {"roles": modelserving(a.groups, a.roles, a.workers, "engine:2")["spec"]
+        patch = {"spec": {"template": {"roles": modelserving(a.groups, a.roles, a.workers, "engine:2", a.max_unavailable)["spec"]
                                        ["template"]["roles"]}}}
         r = c.http.patch(f"/apis/{API}/namespaces/{NS}/modelservings/{NAME}", json=patch,
                          headers={"Content-Type": "application/merge-patch+json"})
@@ -271,7 +281,8 @@ def rolling_phase(c: Counted, port: int, a: argparse.Namespace) -> dict[str, Any
                       if p["metadata"]["labels"].get(REVISION) == st.get("updateRevision"))
         return {"converged": converged, "seconds": seconds, "updatedReplicas": st.get("updatedReplicas"),
                 "pods_at_update_revision": updated, "kubelet_marked": kubelet.marked,
-                "minimum_writes": {"delete pods": len(pods), "create pods": len(pods), "update/patch status": 1}}
+                "minimum_writes": {"delete pods": len(pods), "create pods": len(pods), "create controllerrevisions": 1,
+                                   "update/patch status": 1}}
     try:
         return phase("rolling-update", c, port, run)
     finally:
@@ -285,7 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=3, help="worker pods per role replica (plus the entry pod)")
     p.add_argument("--controller-workers", type=int, default=5)
     p.add_argument("--rolling-update", action="store_true",
-                   help="also time a template change (needs rolling updates in the controller)")
+                   help="also time a template change (a rolling update)")
+    p.add_argument("--max-unavailable", help="rollingUpdateConfiguration.maxUnavailable (int or percent; "
+                   "default: Kthena's, 1)")
+    p.add_argument("--volcano", action="store_true", help="install Volcano's CRDs: a PodGroup per ServingGroup")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--json", type=Path, help="write the results here")
     a = p.parse_args(argv)
@@ -296,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     c = Counted(cp)
     try:
         k8s_crds.install_crds(cp)
+        if a.volcano:
+            volcano_crds.install(cp)
         assert c.http.post("/api/v1/namespaces", json={"metadata": {"name": NS}}).status_code == 201
         port = harness.free_port()
         ctl = harness.ManagedProcess("controller", [
@@ -306,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
                            httpx.get(f"http://{harness.HOST}:{port}/readyz", timeout=5).text == "leader",
                            60, interval=0.1, what="controller leading")
         results = {"size": {"groups": a.groups, "roles": a.roles, "pods_per_role_replica": 1 + a.workers,
-                            "controller_workers": a.controller_workers},
+                            "controller_workers": a.controller_workers, "max_unavailable": a.max_unavailable,
+                            "volcano": a.volcano},
                    "phases": [phase("create", c, port, lambda: create_phase(c, port, a))]}
         if a.rolling_update:
             results["phases"].append(rolling_phase(c, port, a))

@@ -58,6 +58,7 @@ class ControlPlane:
         self.bin = bin_dir
         self.work = work
         self.with_kcm = controller_manager
+        self.volcano = False  # Volcano's PodGroup/Queue CRDs installed (tests/k8s/volcano_crds.py)
         self.token = secrets.token_hex(16)
         self.etcd: harness.ManagedProcess | None = None
         self.apiserver: harness.ManagedProcess | None = None

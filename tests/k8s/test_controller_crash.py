@@ -24,6 +24,12 @@ from controller_support import Api, Watch, modelserving, start_controller, templ
 ROLES = [{"name": "llm", "replicas": 1, "workerReplicas": 1, "entryTemplate": template("e:1"),
           "workerTemplate": template("w:1")}]
 SEEDS = [1, 2, 3, 4]
+
+
+@pytest.fixture(scope="module")
+def control_plane(controller_cluster: k8s_harness.ControlPlane) -> k8s_harness.ControlPlane:
+    """This module runs on both clusters: without and with Volcano's CRDs (conftest.py)."""
+    return controller_cluster
 CREATE_WRITES = 3 * 3  # replicas 3: per group an entry pod, a worker pod, a Service
 DELETE_WRITES = 2 * 3  # 3 -> 1: two groups' pods and Services
 
@@ -104,6 +110,13 @@ def _converged(api: Api, replicas: int) -> set[int]:
             refs = [r for r in o["metadata"].get("ownerReferences") or [] if r.get("controller")]
             assert [(r["kind"], r["name"], r["uid"]) for r in refs] == [("ModelServing", "crash", uid)], \
                 o["metadata"]["name"]
+    if api.cp.volcano:  # a PodGroup per ServingGroup, none left of a removed group
+        def podgroups() -> list[dict] | None:
+            items = api.http.get(f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{api.ns}/podgroups").json()["items"]
+            return items if sorted(o["metadata"]["name"] for o in items) == sorted(f"crash-{g}" for g in groups) \
+                else None
+        for o in harness.wait_until(podgroups, 30, interval=0.1, what="one PodGroup per group"):
+            assert [r["uid"] for r in o["metadata"]["ownerReferences"] if r.get("controller")] == [uid]
     return groups
 
 

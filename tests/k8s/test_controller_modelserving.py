@@ -19,6 +19,12 @@ from k8s_crds import install_crds
 
 NS = "controller-ms"
 
+
+@pytest.fixture(scope="module")
+def control_plane(controller_cluster: k8s_harness.ControlPlane) -> k8s_harness.ControlPlane:
+    """This module runs on both clusters: without and with Volcano's CRDs (conftest.py)."""
+    return controller_cluster
+
 PD_ROLES = [
     {"name": "prefill", "replicas": 2, "workerReplicas": 1, "entryTemplate": template("p:1", labels={"app": "p"}),
      "workerTemplate": template("pw:1")},
@@ -69,7 +75,8 @@ def test_creates_kthena_pods_services_and_status(api: Api) -> None:
         size = "2" if role == "prefill" else "3"
         assert env(pod) == {"MODEL": "m", "GROUP_SIZE": size, "ENTRY_ADDRESS": f"{entry}.{NS}", "WORKER_INDEX": str(k)}
     assert pods["pd-0-prefill-0-0"]["metadata"]["labels"]["app"] == "p"
-    assert pods["pd-0-decode-0-0"]["metadata"]["annotations"] == {"a": "b"}
+    gang = {"scheduling.k8s.io/group-name": "pd-0", "volcano.sh/task-spec": "decode-0"} if api.cp.volcano else {}
+    assert pods["pd-0-decode-0-0"]["metadata"]["annotations"] == {"a": "b", **gang}
     assert pods["pd-0-decode-0-2"]["spec"]["containers"][0]["image"] == "dw:1"
     assert len({p["metadata"]["labels"]["modelserving.volcano.sh/revision"] for p in pods.values()}) == 1
 
@@ -89,6 +96,10 @@ def test_creates_kthena_pods_services_and_status(api: Api) -> None:
     assert st["currentRevision"] == st["updateRevision"] == pods["pd-0-decode-0-0"]["metadata"]["labels"][
         "modelserving.volcano.sh/revision"]
     assert condition(ms, "Available") == "False" and condition(ms, "Progressing") == "True"
+    assert condition(ms, "GangScheduling") == ("True" if api.cp.volcano else "False")
+    if api.cp.volcano:  # the gang: every pod of the group (2 x 2 prefill + 3 decode)
+        pg = api.http.get(f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{NS}/podgroups/pd-0").json()
+        assert pg["spec"]["minMember"] == 7 and pg["metadata"]["ownerReferences"][0]["uid"] == uid
 
     for name in want:
         api.set_ready(name)

@@ -26,6 +26,12 @@ NS = "controller-recovery"
 
 
 @pytest.fixture(scope="module")
+def control_plane(controller_cluster: k8s_harness.ControlPlane) -> k8s_harness.ControlPlane:
+    """This module runs on both clusters: without and with Volcano's CRDs (conftest.py)."""
+    return controller_cluster
+
+
+@pytest.fixture(scope="module")
 def api(control_plane: k8s_harness.ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     install_crds(control_plane)
     control_plane.kubectl("create", "namespace", NS)

@@ -20,6 +20,12 @@ from k8s_crds import install_crds
 from pod_watch import Kubelet, Recorder, is_ready
 
 NS = "controller-rollout"
+
+
+@pytest.fixture(scope="module")
+def control_plane(controller_cluster: k8s_harness.ControlPlane) -> k8s_harness.ControlPlane:
+    """This module runs on both clusters: without and with Volcano's CRDs (conftest.py)."""
+    return controller_cluster
 LABEL_REVISION = "modelserving.volcano.sh/revision"
 LABEL_ROLE_ID = "modelserving.volcano.sh/role-id"
 LABEL_NAME = "modelserving.volcano.sh/name"
