@@ -93,7 +93,9 @@ class Manager:
         return True, "leader" if self._leading() else "standby (caches synced)"
 
     def _synced(self) -> bool:
-        return self.informers.synced and self.volcano.synced and (self.booster is None or self.booster.synced)
+        """The ModelServing controller's caches. The ModelBooster controller's are waited for on
+        their own (_start_booster): a cluster without its CRDs still gets ModelServings served."""
+        return self.informers.synced and self.volcano.synced
 
     def _leading(self) -> bool:
         return self._started.is_set() and not self.lost.is_set() and \
@@ -107,6 +109,19 @@ class Manager:
         m.queue_in_process.set(len(self.queue.processing))
         for r in self.informers.reflectors:
             m.cached.labels(r.resource.name).set(len(r.store))
+
+    async def _start_booster(self, tasks: list[asyncio.Task[object]]) -> None:
+        assert self.booster is not None
+        warn_at: float | None = asyncio.get_running_loop().time() + 30.0
+        while not self.booster.synced:
+            await asyncio.sleep(0.05)
+            if warn_at is not None and asyncio.get_running_loop().time() > warn_at:
+                warn_at = None
+                log.warning("ModelBooster caches not synced after 30 s (are the ModelBooster, ModelServer, "
+                            "ModelRoute and AutoscalingPolicy CRDs installed?); ModelBoosters wait, "
+                            "ModelServings are served")
+        log.info("ModelBooster caches synced; starting %d booster workers", self.workers)
+        tasks += self.booster.start_workers(self.workers)
 
     async def run(self) -> int:
         """Until cancelled (0 after a clean stop) or leadership is lost (returns 1); 2 when the
@@ -142,7 +157,7 @@ class Manager:
             tasks += [asyncio.create_task(run_worker(self.queue, handler), name=f"worker {i}")
                       for i in range(self.workers)]
             if self.booster is not None:
-                tasks += self.booster.start_workers(self.workers)
+                tasks.append(asyncio.create_task(self._start_booster(tasks), name="booster start"))
             await self.lost.wait()
             log.error("leader election lost; exiting")
             return 1

@@ -21,15 +21,16 @@ def crd_documents() -> list[dict]:
     return [yaml.safe_load((CRD_DIR / file_name(k)).read_text(encoding="utf-8")) for k in KINDS]
 
 
-def install_crds(cp: k8s_harness.ControlPlane, timeout: float = 60.0) -> None:
-    """Apply every CRD (server-side: ModelServing's is too large for client-side apply's
-    annotation), wait until each is Established and its resource is served."""
-    text = "".join((CRD_DIR / file_name(k)).read_text(encoding="utf-8") for k in KINDS)
+def install_crds(cp: k8s_harness.ControlPlane, timeout: float = 60.0, only: tuple[str, ...] | None = None) -> None:
+    """Apply every CRD (or those of the kinds in `only`; server-side: ModelServing's is too large
+    for client-side apply's annotation), wait until each is Established and its resource is served."""
+    kinds = [k for k in KINDS if only is None or k.kind in only]
+    text = "".join((CRD_DIR / file_name(k)).read_text(encoding="utf-8") for k in kinds)
     cp.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager", "kthena-crds", "-f", "-",
                input=text)
     deadline = time.monotonic() + timeout
     with cp.client() as api:
-        for k in KINDS:
+        for k in kinds:
             def established(name: str = k.crd_name) -> bool:
                 r = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
                 conds = (r.json().get("status") or {}).get("conditions") or [] if r.status_code == 200 else []
