@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from kthena_router.kube.client import KubeApi
 from kthena_router.kube.leader import LeaderElector
 
+from .autoscaler.controller import PERIOD_S, AutoscalerController
 from .booster.controller import BoosterController, Images
 from .capabilities import VolcanoWatch
 from .expectations import Expectations
@@ -21,7 +22,7 @@ from .metrics import ControllerMetrics, ProbeServer
 from .reconciler import Reconciler
 from .workqueue import WorkQueue, run_worker
 
-__all__ = ["LeaseConfig", "Manager"]
+__all__ = ["AutoscalerConfig", "LeaseConfig", "Manager"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,14 @@ class ServeConfig:
     host: str = "127.0.0.1"
     health_port: int = 0
     metrics_port: int = 0
+
+
+@dataclass(frozen=True)
+class AutoscalerConfig:
+    """The AutoscalingPolicy controller (controller/autoscaler/controller.py)."""
+    dry_run: bool = False  # log and report decisions, write no replicas
+    period_s: float = PERIOD_S  # seconds between two rounds of a policy
+    scrape_timeout_s: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -47,9 +56,11 @@ class LeaseConfig:
 class Manager:
     def __init__(self, api: KubeApi, *, namespace: str = "", workers: int = 2,
                  lease: LeaseConfig | None = None, serve: ServeConfig | None = None,
-                 exit_after_writes: int = 0, booster: Images | None = Images()) -> None:
+                 exit_after_writes: int = 0, booster: Images | None = Images(),
+                 autoscaler: AutoscalerConfig | None = AutoscalerConfig()) -> None:
         """`lease`: leader election (None: act at once, e.g. a single replica); `booster`: the
-        ModelBooster controller's images (None: do not run it)."""
+        ModelBooster controller's images (None: do not run it); `autoscaler`: the
+        AutoscalingPolicy controller's settings (None: do not run it)."""
         self.api = api
         self.workers = max(1, workers)
         self.lost = asyncio.Event()
@@ -72,6 +83,11 @@ class Manager:
         self.reconciler = Reconciler(self.informers, self.writer, expectations,
                                      gang=GangSync(self.volcano, self.writer, expectations))
         self.booster = BoosterController(api, namespace, self.writer, booster) if booster is not None else None
+        # the autoscaler reads the ModelServings and pods from the informers above
+        self.autoscaler = (AutoscalerController(api, namespace, self.writer, self.informers,
+                                                dry_run=autoscaler.dry_run, period_s=autoscaler.period_s,
+                                                scrape_timeout_s=autoscaler.scrape_timeout_s)
+                           if autoscaler is not None else None)
         self._informers_task: asyncio.Task[object] | None = None
         self.probes: ProbeServer | None = None
         if serve is not None and (serve.health_port or serve.metrics_port):
@@ -93,7 +109,8 @@ class Manager:
         return True, "leader" if self._leading() else "standby (caches synced)"
 
     def _synced(self) -> bool:
-        return self.informers.synced and self.volcano.synced and (self.booster is None or self.booster.synced)
+        return self.informers.synced and self.volcano.synced and (self.booster is None or self.booster.synced) \
+            and (self.autoscaler is None or self.autoscaler.synced)
 
     def _leading(self) -> bool:
         return self._started.is_set() and not self.lost.is_set() and \
@@ -116,6 +133,8 @@ class Manager:
                                              asyncio.create_task(self.volcano.run(), name="volcano")]
         if self.booster is not None:
             tasks.append(self.booster.run_informers())
+        if self.autoscaler is not None:
+            tasks.append(self.autoscaler.run_informers())
         try:
             if self.probes is not None:
                 try:
@@ -143,6 +162,8 @@ class Manager:
                       for i in range(self.workers)]
             if self.booster is not None:
                 tasks += self.booster.start_workers(self.workers)
+            if self.autoscaler is not None:
+                tasks += self.autoscaler.start_workers(self.workers)
             await self.lost.wait()
             log.error("leader election lost; exiting")
             return 1
@@ -153,6 +174,8 @@ class Manager:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.autoscaler is not None:
+                await self.autoscaler.stop()
             if self.elector is not None:
                 await self.elector.stop(release=not self.lost.is_set())
             if self.probes is not None:

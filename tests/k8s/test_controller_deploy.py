@@ -37,6 +37,8 @@ GRANTED = {
     (W, "modelboosters"): {"get", "list", "watch"},
     (W, "modelservings/status"): {"patch"},
     (W, "modelboosters/status"): {"patch"},
+    (W, "autoscalingpolicies/status"): {"patch"},
+    (W, "modelservings/scale"): {"patch"},
     ("networking.serving.volcano.sh", "modelservers"): {"get", "list", "watch", "create", "patch", "delete"},
     ("networking.serving.volcano.sh", "modelroutes"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch", "create", "delete"},
