@@ -16,6 +16,10 @@ import socket
 import sys
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .manager import AutoscalerConfig
 
 __all__ = ["main"]
 
@@ -82,7 +86,8 @@ def _lease_namespace(flag: str) -> str:
         return "default"
 
 
-def _autoscaler(args: argparse.Namespace, config: type) -> object:
+def _autoscaler(args: argparse.Namespace, config: type[AutoscalerConfig]) -> AutoscalerConfig | None:
+    """The autoscaler's settings from the flags (None: --autoscaler=false)."""
     if not args.autoscaler:
         return None
     if args.autoscaler_period <= 0 or args.autoscaler_scrape_timeout <= 0:
