@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 
 import harness
@@ -274,3 +275,45 @@ def test_missing_target_and_invalid_policy_are_reported(api: ScalerApi, metrics:
     api.cp.apply([homogeneous("bad", api.ns, "hs", metrics.port, "/none", lo=4, hi=2)])
     p = api.wait_policy("bad", lambda p: ready_reason(p) == "InvalidPolicy", "InvalidPolicy")
     assert "minReplicas 4 is greater than maxReplicas 2" in ready_message(p)
+
+
+def test_vllm_simulator_queue_scales_up_with_engine_defaults(api: ScalerApi, tmp_path_factory: pytest.TempPathFactory
+                                                            ) -> None:
+    """A real engine page: the simulator (one vLLM engine, one sequence at a time, slowed)
+    queues requests; `num_requests_waiting` without a pod.name reads vllm:num_requests_waiting."""
+    sim = harness.start_simulator(tmp_path_factory.mktemp("sim"), engines=1,
+                                  extra_args=["--max-num-seqs", "1", "--time-scale", "5"])
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    try:
+        api.cp.apply([modelserving("sim", api.ns, 1, single_role())])
+        api.pods_up("sim", 1)
+        policy = homogeneous("sim-policy", api.ns, "sim", sim.ports[0], "/metrics", hi=4)
+        policy["spec"]["metrics"] = [{"name": "num_requests_waiting", "targetValue": "2"}]
+        policy["spec"]["homogeneousTarget"]["target"]["metricSources"] = {
+            "num_requests_waiting": {"pod": {"port": sim.ports[0]}}}
+        api.cp.apply([policy])
+        api.wait_policy("sim-policy", lambda p: "1 replicas kept" in ready_message(p), "kept at 1 while idle")
+
+        def generate() -> None:
+            try:
+                with httpx.Client(timeout=httpx.Timeout(10, read=120)) as c, c.stream(
+                        "POST", f"{sim.urls[0]}/v1/completions",
+                        json={"model": "demo", "prompt": "hello", "max_tokens": 4000, "stream": True}) as r:
+                    for _ in r.iter_lines():
+                        if stop.is_set():
+                            return
+            except httpx.HTTPError:
+                pass  # the simulator stopped under the stream (end of the test)
+        threads = [threading.Thread(target=generate, daemon=True) for _ in range(7)]
+        for t in threads:
+            t.start()
+        # one running, six waiting: 6 / 2 per replica = 3 replicas
+        api.wait_replicas("sim", 3, timeout=60)
+        p = api.wait_policy("sim-policy", lambda p: p["status"]["homogeneousStatus"].get("lastScaleTime"), "scaled")
+        assert p["status"]["homogeneousStatus"]["desiredReplicas"] >= 3
+    finally:
+        stop.set()
+        sim.stop()
+        for t in threads:
+            t.join(10)
