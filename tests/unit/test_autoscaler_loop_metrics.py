@@ -218,3 +218,16 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_realistic_vllm_page_with_two_ranks() -> None:
+    from test_engine_state_parse import realistic_vllm_page
+    page = realistic_vllm_page(ranks=2)
+    got = read_metrics(page, {
+        "num_requests_waiting": candidates("num_requests_waiting", None),  # ranks 1 + 2
+        "kv": candidates("kv_cache_usage", None),  # 0.25 + 1.25: summed, as Kthena sums gauges
+        "prompt": ("vllm:prompt_tokens_total",),  # 123456 + 123457 (the _created samples ignored)
+        "success": ("vllm:request_success_total",),  # 3 finished reasons x (77 + 78)
+        "ttft": ("vllm:time_to_first_token_seconds",),  # a histogram: missing
+    })
+    assert got == {"num_requests_waiting": 3.0, "kv": 1.5, "prompt": 246913.0, "success": 465.0}
