@@ -121,7 +121,7 @@ def homogeneous(name: str, ns: str, target: str, port: int, path: str, lo: int =
 
 
 def single_role() -> list[Obj]:
-    return [{"name": "worker", "replicas": 1, "entryTemplate": template("engine:1")}]
+    return [{"name": "worker", "replicas": 1, "workerReplicas": 0, "entryTemplate": template("engine:1")}]
 
 
 def ready_message(p: Obj) -> str:
@@ -229,8 +229,9 @@ def test_disaggregated_roles_patch_keeps_the_rest_of_the_template(api: ScalerApi
     metrics.pages["/prefill"] = "load 2\n"
     # the engine default: num_requests_waiting read as vLLM's vllm:num_requests_waiting
     metrics.pages["/decode"] = 'vllm:num_requests_waiting{engine="0",model_name="m"} 1\n'
-    roles = [{"name": "prefill", "replicas": 1, "entryTemplate": template("p:1", labels={"app": "p"})},
-             {"name": "decode", "entryTemplate": template("d:1")}]
+    roles = [{"name": "prefill", "replicas": 1, "workerReplicas": 0,
+              "entryTemplate": template("p:1", labels={"app": "p"})},
+             {"name": "decode", "workerReplicas": 0, "entryTemplate": template("d:1")}]
     api.cp.apply([modelserving("pd", api.ns, 1, roles)])
     api.pods_up("pd", 2)
     before = api.ms("pd")
