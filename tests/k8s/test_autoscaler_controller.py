@@ -6,7 +6,9 @@ status Ready with podIP 127.0.0.1 and serves the metrics itself from a small HTT
 on 127.0.0.1 (one port; one page per path, the value under the test's control). The
 policies point their metricSources at that port and path. All pods of a target then share
 one page, i.e. report the same value: that is enough to drive the algorithm's per-pod
-mean. No wall-clock assertion: policy periods of 1 s, windows of 0 s, a 0.3 s round
+mean. Covered: homogeneous up/down through the scale subresource, dry run, disaggregated
+roles (merge patch of the roles list), heterogeneous spreading, a real vLLM simulator
+page, a missing target and an invalid policy. No wall-clock assertion: policy periods of 1 s, windows of 0 s, a 0.3 s round
 period, and waits on conditions.
 """
 
@@ -318,3 +320,27 @@ def test_vllm_simulator_queue_scales_up_with_engine_defaults(api: ScalerApi, tmp
         sim.stop()
         for t in threads:
             t.join(10)
+
+
+def test_heterogeneous_spreads_cheapest_first(api: ScalerApi, metrics: MetricsServer) -> None:
+    metrics.pages["/het"] = "load 3\n"
+    api.cp.apply([modelserving("ha", api.ns, 1, single_role()), modelserving("hb", api.ns, 0, single_role())])
+    api.pods_up("ha", 1)
+
+    def member(name: str, cost: int, lo: int) -> Obj:
+        return {"cost": cost, "minReplicas": lo, "maxReplicas": 3, "target": {
+            "targetRef": {"kind": "ModelServing", "name": name},
+            "metricSources": {"load": {"pod": {"port": metrics.port, "uri": "/het"}}}}}
+    api.cp.apply([{"apiVersion": API, "kind": "AutoscalingPolicy",
+                   "metadata": {"name": "het-policy", "namespace": api.ns},
+                   "spec": {"metrics": [{"name": "load", "targetValue": "1"}], "behavior": FAST,
+                            "heterogeneousTarget": {"costExpansionRatePercent": 200,
+                                                    "params": [member("ha", 100, 1), member("hb", 60, 0)]}}}])
+    # one pod at 3 x its target: 3 replicas in all; blocks B1(60) A1(100): ha 1 -> 2, hb 0 -> 1
+    api.wait_replicas("ha", 2)
+    api.wait_replicas("hb", 1)
+    p = api.wait_policy("het-policy", lambda p: [(e["name"], e["currentReplicas"]) for e in
+                                                 p["status"].get("heterogeneousStatus") or []]
+                        == [("ha", 2), ("hb", 1)], "members at 2 and 1")
+    assert all(e.get("lastScaleTime") for e in p["status"]["heterogeneousStatus"])
+    assert condition(p, "Ready") == "True"
