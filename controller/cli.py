@@ -16,6 +16,10 @@ import socket
 import sys
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .manager import AutoscalerConfig
 
 __all__ = ["main"]
 
@@ -52,6 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run the ModelBooster controller (default true; needs its CRDs)")
     p.add_argument("--model-booster-downloader-image", default="kthena/downloader:latest")
     p.add_argument("--model-booster-runtime-image", default="kthena/runtime:latest")
+    p.add_argument("--autoscaler", type=_bool, nargs="?", const=True, default=True,
+                   help="also run the AutoscalingPolicy controller (default true; needs its CRD)")
+    p.add_argument("--autoscaler-dry-run", type=_bool, nargs="?", const=True, default=False,
+                   help="log and report scaling decisions in the policies' status without changing replicas")
+    p.add_argument("--autoscaler-period", type=float, default=15.0,
+                   help="seconds between two evaluations of a policy (Kthena: 15)")
+    p.add_argument("--autoscaler-scrape-timeout", type=float, default=3.0,
+                   help="seconds for one pod metrics scrape or Prometheus query")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     # probes and metrics (controller/metrics.py); 0 turns one off, equal ports share a server
     p.add_argument("--bind-address", default="127.0.0.1",
@@ -74,11 +86,20 @@ def _lease_namespace(flag: str) -> str:
         return "default"
 
 
+def _autoscaler(args: argparse.Namespace, config: type[AutoscalerConfig]) -> AutoscalerConfig | None:
+    """The autoscaler's settings from the flags (None: --autoscaler=false)."""
+    if not args.autoscaler:
+        return None
+    if args.autoscaler_period <= 0 or args.autoscaler_scrape_timeout <= 0:
+        raise ValueError("--autoscaler-period and --autoscaler-scrape-timeout must be > 0")
+    return config(args.autoscaler_dry_run, args.autoscaler_period, args.autoscaler_scrape_timeout)
+
+
 async def _run(args: argparse.Namespace) -> int:
     from kthena_router.kube.client import connect
 
     from .booster.common import Images
-    from .manager import LeaseConfig, Manager, ServeConfig
+    from .manager import AutoscalerConfig, LeaseConfig, Manager, ServeConfig
 
     try:
         api = await connect(args.kubeconfig, args.context)
@@ -97,7 +118,8 @@ async def _run(args: argparse.Namespace) -> int:
                   if args.model_booster else None)
         manager = Manager(api, namespace=args.namespace, workers=args.workers, lease=lease,
                           serve=ServeConfig(args.bind_address, args.health_port, args.metrics_port),
-                          exit_after_writes=args.exit_after_writes, booster=images)
+                          exit_after_writes=args.exit_after_writes, booster=images,
+                          autoscaler=_autoscaler(args, AutoscalerConfig))
     except ValueError as exc:
         print(f"kthena-controller: {exc}", file=sys.stderr)
         await api.close()

@@ -7,7 +7,7 @@ enqueues its owner's key (before and after the change, so moving ownership is se
 sides). Pods and Services are watched with Kthena's selector (the group-name label exists)
 and owned by their controller ownerReference to a ModelServing. Pods are trimmed to what
 the controller reads (metadata, status phase/conditions, and the container statuses'
-restartCount/state/lastState for recovery).
+restartCount/state/lastState for recovery, podIP for the autoscaler's scrapes).
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ def _trim_pod(pod: Obj) -> Obj:
     keep = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations", "ownerReferences",
             "deletionTimestamp", "creationTimestamp")
     status: Obj = {"phase": st.get("phase"), "conditions": st.get("conditions") or []}
+    if st.get("podIP"):  # the autoscaler scrapes the pods' metrics (controller/autoscaler/collector.py)
+        status["podIP"] = st["podIP"]
     for field in ("initContainerStatuses", "containerStatuses"):  # recovery: restarts and their times
         if st.get(field):
             status[field] = [_trim_container_status(cs) for cs in st[field]]

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import Protocol
 
 from kthena_router.kube.client import KubeApi
 from kthena_router.kube.leader import LeaderElector
 
+from .autoscaler.controller import PERIOD_S, AutoscalerController
 from .booster.controller import BoosterController, Images
 from .capabilities import VolcanoWatch
 from .expectations import Expectations
@@ -21,7 +23,7 @@ from .metrics import ControllerMetrics, ProbeServer
 from .reconciler import Reconciler
 from .workqueue import WorkQueue, run_worker
 
-__all__ = ["LeaseConfig", "Manager"]
+__all__ = ["AutoscalerConfig", "LeaseConfig", "Manager"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,14 @@ class ServeConfig:
 
 
 @dataclass(frozen=True)
+class AutoscalerConfig:
+    """The AutoscalingPolicy controller (controller/autoscaler/controller.py)."""
+    dry_run: bool = False  # log and report decisions, write no replicas
+    period_s: float = PERIOD_S  # seconds between two rounds of a policy
+    scrape_timeout_s: float = 3.0
+
+
+@dataclass(frozen=True)
 class LeaseConfig:
     namespace: str
     name: str
@@ -44,12 +54,23 @@ class LeaseConfig:
     retry_period: float = 2.0
 
 
+class _Part(Protocol):
+    """A controller run beside the ModelServing one (ModelBooster, autoscaler)."""
+
+    @property
+    def synced(self) -> bool: ...
+
+    def start_workers(self, workers: int) -> list[asyncio.Task[None]]: ...
+
+
 class Manager:
     def __init__(self, api: KubeApi, *, namespace: str = "", workers: int = 2,
                  lease: LeaseConfig | None = None, serve: ServeConfig | None = None,
-                 exit_after_writes: int = 0, booster: Images | None = Images()) -> None:
+                 exit_after_writes: int = 0, booster: Images | None = Images(),
+                 autoscaler: AutoscalerConfig | None = AutoscalerConfig()) -> None:
         """`lease`: leader election (None: act at once, e.g. a single replica); `booster`: the
-        ModelBooster controller's images (None: do not run it)."""
+        ModelBooster controller's images (None: do not run it); `autoscaler`: the
+        AutoscalingPolicy controller's settings (None: do not run it)."""
         self.api = api
         self.workers = max(1, workers)
         self.lost = asyncio.Event()
@@ -72,6 +93,11 @@ class Manager:
         self.reconciler = Reconciler(self.informers, self.writer, expectations,
                                      gang=GangSync(self.volcano, self.writer, expectations))
         self.booster = BoosterController(api, namespace, self.writer, booster) if booster is not None else None
+        # the autoscaler reads the ModelServings and pods from the informers above
+        self.autoscaler = (AutoscalerController(api, namespace, self.writer, self.informers,
+                                                dry_run=autoscaler.dry_run, period_s=autoscaler.period_s,
+                                                scrape_timeout_s=autoscaler.scrape_timeout_s)
+                           if autoscaler is not None else None)
         self._informers_task: asyncio.Task[object] | None = None
         self.probes: ProbeServer | None = None
         if serve is not None and (serve.health_port or serve.metrics_port):
@@ -93,8 +119,9 @@ class Manager:
         return True, "leader" if self._leading() else "standby (caches synced)"
 
     def _synced(self) -> bool:
-        """The ModelServing controller's caches. The ModelBooster controller's are waited for on
-        their own (_start_booster): a cluster without its CRDs still gets ModelServings served."""
+        """The ModelServing controller's caches. The ModelBooster controller's and the
+        autoscaler's are waited for on their own (_start_when_synced): a cluster without their
+        CRDs still gets ModelServings served."""
         return self.informers.synced and self.volcano.synced
 
     def _leading(self) -> bool:
@@ -110,18 +137,18 @@ class Manager:
         for r in self.informers.reflectors:
             m.cached.labels(r.resource.name).set(len(r.store))
 
-    async def _start_booster(self, tasks: list[asyncio.Task[object]]) -> None:
-        assert self.booster is not None
+    async def _start_when_synced(self, part: _Part, what: str, crds: str, tasks: list[asyncio.Task[object]]) -> None:
+        """Start `part`'s workers (the ModelBooster controller, the autoscaler) once its own
+        caches are synced; a WARNING after 30 s names the CRDs it needs."""
         warn_at: float | None = asyncio.get_running_loop().time() + 30.0
-        while not self.booster.synced:
+        while not part.synced:
             await asyncio.sleep(0.05)
             if warn_at is not None and asyncio.get_running_loop().time() > warn_at:
                 warn_at = None
-                log.warning("ModelBooster caches not synced after 30 s (are the ModelBooster, ModelServer, "
-                            "ModelRoute and AutoscalingPolicy CRDs installed?); ModelBoosters wait, "
-                            "ModelServings are served")
-        log.info("ModelBooster caches synced; starting %d booster workers", self.workers)
-        tasks += self.booster.start_workers(self.workers)
+                log.warning("%s caches not synced after 30 s (are the %s CRDs installed?); it waits, "
+                            "ModelServings are served", what, crds)
+        log.info("%s caches synced; starting %d workers", what, self.workers)
+        tasks += part.start_workers(self.workers)
 
     async def run(self) -> int:
         """Until cancelled (0 after a clean stop) or leadership is lost (returns 1); 2 when the
@@ -131,6 +158,8 @@ class Manager:
                                              asyncio.create_task(self.volcano.run(), name="volcano")]
         if self.booster is not None:
             tasks.append(self.booster.run_informers())
+        if self.autoscaler is not None:
+            tasks.append(self.autoscaler.run_informers())
         try:
             if self.probes is not None:
                 try:
@@ -157,7 +186,13 @@ class Manager:
             tasks += [asyncio.create_task(run_worker(self.queue, handler), name=f"worker {i}")
                       for i in range(self.workers)]
             if self.booster is not None:
-                tasks.append(asyncio.create_task(self._start_booster(tasks), name="booster start"))
+                tasks.append(asyncio.create_task(
+                    self._start_when_synced(self.booster, "ModelBooster", "ModelBooster, ModelServer, ModelRoute and "
+                                            "AutoscalingPolicy", tasks), name="booster start"))
+            if self.autoscaler is not None:
+                tasks.append(asyncio.create_task(
+                    self._start_when_synced(self.autoscaler, "autoscaler", "AutoscalingPolicy", tasks),
+                    name="autoscaler start"))
             await self.lost.wait()
             log.error("leader election lost; exiting")
             return 1
@@ -168,6 +203,8 @@ class Manager:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.autoscaler is not None:
+                await self.autoscaler.stop()
             if self.elector is not None:
                 await self.elector.stop(release=not self.lost.is_set())
             if self.probes is not None:

@@ -1,7 +1,7 @@
-"""The autoscaler's algorithm (AutoscalingPolicy), as pure functions: (policy, state,
-observed metrics, current replicas, now) -> (recommendation, new state). No Kubernetes
-here: the controller loop, metric collection and the scale writes come later
-(docs/autoscaler.md)."""
+"""The autoscaler (AutoscalingPolicy): the algorithm as pure functions, (policy, state,
+observed metrics, current replicas, now) -> (recommendation, new state), and the controller
+loop around it (controller.py: informer, periodic rounds, metric collection, scale writes,
+status; docs/autoscaler.md). This package's top level exports the algorithm only."""
 
 from .disaggregated import DisaggregatedResult, RoleResult, recommend_disaggregated
 from .heterogeneous import HeterogeneousResult, allocate, recommend_heterogeneous

@@ -37,6 +37,8 @@ GRANTED = {
     (W, "modelboosters"): {"get", "list", "watch"},
     (W, "modelservings/status"): {"patch"},
     (W, "modelboosters/status"): {"patch"},
+    (W, "autoscalingpolicies/status"): {"patch"},
+    (W, "modelservings/scale"): {"patch"},
     ("networking.serving.volcano.sh", "modelservers"): {"get", "list", "watch", "create", "patch", "delete"},
     ("networking.serving.volcano.sh", "modelroutes"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch", "create", "delete"},
@@ -209,7 +211,7 @@ def test_service_account_may_do_what_the_controller_needs_and_nothing_more(
     extra = [("", "configmaps"), ("", "secrets"), ("", "pods/status"), ("", "pods/exec"), ("", "nodes"),
              ("", "serviceaccounts"), ("apps", "deployments"), ("apps", "statefulsets"),
              ("", "events"), ("events.k8s.io", "events"), ("rbac.authorization.k8s.io", "roles"),
-             ("networking.serving.volcano.sh", "externalmodelproviders"), (W, "autoscalingpolicies/status"),
+             ("networking.serving.volcano.sh", "externalmodelproviders"), (W, "autoscalingpolicies/scale"),
              ("scheduling.volcano.sh", "queues")]
     for (group, res), granted in {**GRANTED, **LEASES}.items():
         for verb in VERBS:

@@ -311,7 +311,8 @@ def test_informer_trim_keeps_container_restarts_and_states() -> None:
                                              "state": {"waiting": {"reason": "CrashLoopBackOff"}},
                                              "lastState": {"terminated": {"exitCode": 1, "finishedAt": iso(T0)}}}]}}
     t = _trim_pod(pod)
-    assert "spec" not in t and "managedFields" not in t["metadata"] and "podIP" not in t["status"]
+    assert "spec" not in t and "managedFields" not in t["metadata"]
+    assert t["status"]["podIP"] == "10.0.0.1"  # the autoscaler scrapes the pod's metrics there
     assert t["status"]["containerStatuses"] == [{"name": "c", "restartCount": 3, "ready": False,
                                                  "state": {"waiting": {"reason": "CrashLoopBackOff"}},
                                                  "lastState": {"terminated": {"exitCode": 1,
