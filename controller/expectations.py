@@ -46,6 +46,19 @@ class Expectations:
         return sum(len(v) for k, v in self._creates.items() if k[0] == owner) + sum(
             len(v) for k, v in self._deletes.items() if k[0] == owner)
 
+    def observe(self, owner: Key, kind: str, obj: Obj) -> None:
+        """An informer event showed `obj`: the create of that incarnation (same uid) is seen.
+        Without this, a created object deleted by someone else before the next reconcile
+        looked at the cache would stay overlaid as present until the ttl."""
+        creates = self._creates.get((owner, kind))
+        if not creates:
+            return
+        m = _meta(obj)
+        name = str(m.get("name"))
+        expected = creates.get(name)
+        if expected is not None and str(_meta(expected[0]).get("uid")) == str(m.get("uid")):
+            del creates[name]
+
     def pending_deletes(self, owner: Key, kind: str) -> set[str]:
         """Uids this controller deleted whose removal the cache may not show yet (read before
         `overlay`, which drops the confirmed ones)."""

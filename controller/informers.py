@@ -70,6 +70,9 @@ class Informers:
                  watch_timeout_s: float = 300.0) -> None:
         """`namespace`: watch one namespace, or all when empty."""
         self.enqueue = enqueue
+        # every event of an owned object, before its owner is queued (Expectations.observe: a
+        # created object seen once is no longer overlaid, even if deleted before a reconcile)
+        self.on_owned_event: Callable[[Key, str, Obj], None] | None = None
         self._owned: dict[str, dict[Key, set[Key]]] = {
             "pods": defaultdict(set), "services": defaultdict(set), "controllerrevisions": defaultdict(set)}
         self.modelservings = Reflector(
@@ -109,6 +112,10 @@ class Informers:
                 del index[before[0]]
         if after is not None:
             index[after[0]].add(key)
+        if self.on_owned_event is not None:
+            for owner, obj in ((before, old), (after, new)):
+                if owner is not None and obj is not None:
+                    self.on_owned_event(owner[0], kind, obj)
         for o in {x[0] for x in (before, after) if x is not None}:
             self.enqueue(o)
 

@@ -88,6 +88,7 @@ class Manager:
         self.metrics = ControllerMetrics()
         self.writer = Writer(api, is_leader, on_write=self.metrics.write, exit_after_writes=exit_after_writes)
         expectations = Expectations()
+        self.informers.on_owned_event = expectations.observe
         # Volcano's PodGroup CRD, watched: a change re-queues every ModelServing.
         self.volcano = VolcanoWatch(api, namespace, self.queue.add, self._requeue_all)
         self.reconciler = Reconciler(self.informers, self.writer, expectations,

@@ -114,8 +114,9 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, lis
                 model="demo", messages=[{"role": "user", "content": f"{prompt} question {i}"}], max_tokens=8,
                 stream=True, stream_options={"include_usage": True})
             assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-        sim.set_faults(0, error_rate=1.0, error_status=500)  # upstream errors, retries elsewhere
-        for i in range(6):  # a 502 is fine too (the ranking may hold engine 0 alone): the series exist
+        for e in range(3):  # every engine fails: upstream errors and retries whatever the ranking picks
+            sim.set_faults(e, error_rate=1.0, error_status=500)
+        for i in range(6):  # each ends in a 502 after its retries: the series exist
             with contextlib.suppress(openai.InternalServerError):
                 client.chat.completions.create(model="demo", messages=[{"role": "user", "content": f"retry {i}"}],
                                                max_tokens=2)

@@ -98,7 +98,9 @@ class ScalerApi(Api):
     def wait_policy(self, name: str, ok: Any, what: str, timeout: float = 30) -> Obj:
         def check() -> Obj | None:
             p = self.policy(name)
-            return p if p is not None and ok(p) else None
+            if p is None or not p.get("status"):
+                return None  # no status written yet: the predicates read into it
+            return p if ok(p) else None
         try:
             return harness.wait_until(check, timeout, interval=0.1, what=f"policy {name}: {what}")
         except TimeoutError as exc:
@@ -262,7 +264,7 @@ def test_disaggregated_roles_patch_keeps_the_rest_of_the_template(api: ScalerApi
     assert r["decode"]["entryTemplate"] == roles_of(before)["decode"]["entryTemplate"]
     assert ms["spec"]["replicas"] == 1
     p = api.wait_policy("pd-policy", lambda p: [x.get("currentReplicas") for x in
-                                                (p["status"].get("disaggregatedStatus") or {}).get("roles", [])]
+                                                ((p.get("status") or {}).get("disaggregatedStatus") or {}).get("roles", [])]
                         == [1, 2], "roles status decode 1, prefill 2")
     d = p["status"]["disaggregatedStatus"]
     assert [x["name"] for x in d["roles"]] == ["decode", "prefill"]

@@ -62,3 +62,17 @@ def test_router_never_imports_the_controller() -> None:
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
             assert not any(n == "controller" or n.startswith("controller.") for n in names), path
+
+
+def test_a_created_object_seen_by_an_event_is_not_overlaid_after_a_foreign_delete() -> None:
+    """Created, seen by the watch (ADDED), deleted by someone else (DELETED), all before the
+    next reconcile: that reconcile must see it missing, not overlaid as present for the ttl."""
+    from controller.expectations import Expectations
+    e = Expectations(ttl=300.0, clock=lambda: 0.0)
+    owner = ("ns", "ms")
+    made = {"metadata": {"name": "p-0", "uid": "u1"}}
+    e.created(owner, "pods", made)
+    e.observe(owner, "pods", {"metadata": {"name": "p-0", "uid": "other"}})  # another incarnation
+    assert [o["metadata"]["name"] for o in e.overlay(owner, "pods", [])] == ["p-0"]
+    e.observe(owner, "pods", {"metadata": {"name": "p-0", "uid": "u1"}})
+    assert e.overlay(owner, "pods", []) == []
