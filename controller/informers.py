@@ -23,7 +23,7 @@ from kthena_router.kube.reflector import Reflector, Resource
 
 from . import naming as n
 
-__all__ = ["Informers", "Key", "owner_key"]
+__all__ = ["Informers", "Key", "owner_key", "reindex"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,18 @@ def owner_key(obj: Obj) -> tuple[Key, str] | None:
         if ref.get("controller") and ref.get("kind") == n.KIND and ref.get("apiVersion") == n.GROUP_VERSION:
             return (str(meta.get("namespace") or ""), str(ref.get("name") or "")), str(ref.get("uid") or "")
     return None
+
+
+def reindex(index: dict[Key, set[Key]], key: Key, before: tuple[Key, str] | None,
+            after: tuple[Key, str] | None) -> None:
+    """Move child `key` in an owner -> children index from its owner before a change to its
+    owner after it (owner_key() results; None: no owner)."""
+    if before is not None and (after is None or before[0] != after[0]):
+        index[before[0]].discard(key)
+        if not index[before[0]]:
+            del index[before[0]]
+    if after is not None:
+        index[after[0]].add(key)
 
 
 def _trim_pod(pod: Obj) -> Obj:
@@ -103,15 +115,9 @@ class Informers:
         log.debug("informer %s: %s", resource, reason)
 
     def _child(self, kind: str, key: Key, old: Obj | None, new: Obj | None) -> None:
-        index = self._owned[kind]
         before = owner_key(old) if old is not None else None
         after = owner_key(new) if new is not None else None
-        if before is not None and (after is None or before[0] != after[0]):
-            index[before[0]].discard(key)
-            if not index[before[0]]:
-                del index[before[0]]
-        if after is not None:
-            index[after[0]].add(key)
+        reindex(self._owned[kind], key, before, after)
         if self.on_owned_event is not None:
             for owner, obj in ((before, old), (after, new)):
                 if owner is not None and obj is not None:

@@ -13,6 +13,8 @@ from typing import Any
 from kthena_router.kube.client import KubeApi
 from kthena_router.kube.reflector import Reflector, Resource
 
+from controller.informers import reindex
+
 from . import names
 
 __all__ = ["BoosterInformers", "CHILD_KINDS", "Key"]
@@ -69,15 +71,9 @@ class BoosterInformers:
         log.debug("informer %s: %s", resource, reason)
 
     def _child(self, kind: str, key: Key, old: Obj | None, new: Obj | None) -> None:
-        index = self._owned[kind]
         before = booster_owner(old) if old is not None else None
         after = booster_owner(new) if new is not None else None
-        if before is not None and (after is None or before[0] != after[0]):
-            index[before[0]].discard(key)
-            if not index[before[0]]:
-                del index[before[0]]
-        if after is not None:
-            index[after[0]].add(key)
+        reindex(self._owned[kind], key, before, after)
         for o in {x[0] for x in (before, after) if x is not None}:
             self.enqueue(o)
 
