@@ -1,11 +1,14 @@
 """Token buckets: the local one (in this worker) and the local side of a global one (a lease).
 
 Semantics, the same for both and for Kthena's limiter: capacity = the limit per unit,
-refilled continuously at capacity/unit per second, full at start. Admission takes what a
-request needs when that much is there; charges after admission (the real prompt size,
-output tokens as they stream) are taken unconditionally and may drive the bucket below
-zero, so nothing the engines did goes uncounted (Kthena drops an output charge the
-bucket cannot cover); a later request waits until the debt is refilled.
+refilled continuously at capacity/unit per second, full at start. Admission needs `need`
+tokens there and takes up to `want` of what is there (at least `need`): input takes its
+estimate, output needs one token (Kthena's rule) and reserves up to the request's
+max_tokens, so concurrent requests are not all admitted on the same last tokens. Charges
+after admission (the real prompt size, output beyond its reservation as it streams) are
+taken unconditionally and may drive the bucket below zero, so nothing the engines did goes
+uncounted (Kthena drops an output charge the bucket cannot cover); a later request waits
+until the debt is refilled.
 
 A global bucket lives in Redis (redis_store.py). This worker holds a lease: tokens taken
 from Redis in one round trip (`chunk` more than the request needs) and spent locally, so
@@ -56,13 +59,13 @@ class LocalBucket:
             self.ts = now
         return tokens
 
-    def acquire(self, need: float, consume: bool, now: float) -> Refusal | None:
-        """Take `need` (or only check that it is there when not `consume`); None = admitted."""
+    def acquire(self, need: float, want: float, now: float) -> Refusal | float:
+        """Admitted when `need` is there: takes min(want, what is there) and returns it."""
         tokens = self._refill(now)
         if tokens >= need:
-            if consume:
-                self.tokens = tokens - need
-            return None
+            took = min(want, tokens) if want > 0 else 0.0
+            self.tokens = tokens - took
+            return took
         return Refusal(self.capacity, tokens, (need - tokens) / self.rate, (self.capacity - tokens) / self.rate)
 
     def charge(self, n: float) -> None:
@@ -94,14 +97,14 @@ class LeasedBucket:
         self.capacity, self.rate = capacity, rate
         self.chunk = math.floor(capacity * lease_percent / 100.0)
 
-    def acquire_local(self, need: float, consume: bool) -> bool:
-        """From the lease alone (no round trip)."""
+    def acquire_local(self, need: float, want: float) -> float | None:
+        """From the lease alone (no round trip): what was taken, None = not enough there."""
         if self.lease >= need:
-            if consume:
-                self.lease -= need
+            took = min(want, self.lease) if want > 0 else 0.0
+            self.lease -= took
             self.used_at = time.monotonic()
-            return True
-        return False
+            return took
+        return None
 
     def charge(self, n: float) -> bool:
         """Unconditional; True when the lease is now a debt to pay to Redis."""

@@ -10,7 +10,8 @@ Buckets a request passes (each dimension it has: input tokens, output tokens, re
 Kthena's `ModelRoute.spec.rateLimit` (global when it names a Redis), and from the
 `rateLimits` section the route's total, its tenant's, its user's, its (tenant, model)'s,
 and the API key's own limits. Input needs the estimate to be there and takes it; output
-needs one token to be there (Kthena's rule) and is charged as it streams; requests take 1.
+needs one token to be there (Kthena's rule), reserves up to the request's max_tokens of
+what is there, and is charged beyond that reservation as it streams; requests take 1.
 A refusal by any bucket gives back what the others took.
 """
 
@@ -31,7 +32,7 @@ from .estimate import TokenEstimator
 from .metrics import RateLimitMetrics
 from .redis_store import RedisStore, StoreDown
 
-__all__ = ["Limiter", "Plan", "Ticket", "reset_text"]
+__all__ = ["Limiter", "Plan", "Ticket", "requested_output", "reset_text"]
 
 INPUT, OUTPUT, REQUESTS = 0, 1, 2
 _DIM_NAMES = ("input_tokens", "output_tokens", "requests")
@@ -240,20 +241,22 @@ class Plan:
                                param="messages" if "messages" in body.obj else "prompt", code="prompt_too_long")
         slots = self._slots_for(identity, body.model) if (self.dynamic or keylim is not None) else self.fixed
         ticket = Ticket(self, est, raw)
+        reserve = requested_output(body.obj)
         now = time.monotonic()
         failed_open = False
         for slot in slots:
             dim = slot.dim
             need = est if dim == INPUT else 1
-            consume = dim != OUTPUT
+            want = reserve if dim == OUTPUT else need
             store = slot.store
+            r: Refusal | float | None
             if store is None:
-                r = slot.bucket.acquire(need, consume, now)  # type: ignore[union-attr]
-            elif slot.bucket.acquire_local(need, consume):  # type: ignore[union-attr]
-                r = None
+                r = slot.bucket.acquire(need, want, now)  # type: ignore[union-attr]
             else:
+                r = slot.bucket.acquire_local(need, want)  # type: ignore[union-attr]
+            if store is not None and r is None:
                 try:
-                    r = await store.take(slot.bucket, need, consume)  # type: ignore[arg-type]
+                    r = await store.take(slot.bucket, need, want)  # type: ignore[arg-type]
                 except asyncio.CancelledError:  # the client left while Redis answered
                     ticket.rollback()
                     raise
@@ -266,12 +269,12 @@ class Plan:
                                            headers=[(b"retry-after", b"1")]) from None
                     failed_open = True  # admitted without this bucket, and not charged to it
                     continue
-            if r is not None:
+            if isinstance(r, Refusal):
                 ticket.rollback()
                 metrics.decision(self.label, "limited", f"{_DIM_NAMES[dim]}/{slot.kind}")
                 metrics.exceeded_for(x.model_label, _DIM_NAMES[dim], x.path_label)
                 raise _refusal(slot, r, need)
-            ticket.add(slot, need if consume else 0)
+            ticket.add(slot, r)  # type: ignore[arg-type]
         if failed_open:
             metrics.decision(self.label, "failed_open")
         else:
@@ -289,7 +292,7 @@ class Ticket:
         self.est = est
         self.raw = raw
         self.inputs: list[_Slot] = []
-        self.outputs: list[_Slot] = []
+        self.outputs: list[list[Any]] = []  # [slot, output tokens it holds: reservation, then streamed]
         self.taken: list[tuple[_Slot, float]] = []
         self.streamed_events = 0
 
@@ -298,7 +301,7 @@ class Ticket:
         if slot.dim == INPUT:
             self.inputs.append(slot)
         elif slot.dim == OUTPUT:
-            self.outputs.append(slot)
+            self.outputs.append([slot, took])
 
     def rollback(self) -> None:
         for slot, took in self.taken:
@@ -311,9 +314,11 @@ class Ticket:
         usage corrects it at settlement)."""
         n = out.count(b"\n\n")
         if n:
-            self.streamed_events += n
-            for slot in self.outputs:
-                slot.charge(n)
+            streamed = self.streamed_events = self.streamed_events + n
+            for held in self.outputs:
+                if streamed > held[1]:  # beyond the reservation
+                    held[0].charge(streamed - held[1])
+                    held[1] = streamed
 
     def settle(self, x: Any) -> None:
         plan = self.plan
@@ -330,13 +335,24 @@ class Ticket:
                 slot.charge(delta)
         completion = x.completion_tokens
         charged_out = completion if completion is not None else self.streamed_events
-        if charged_out != self.streamed_events:
-            for slot in self.outputs:
-                slot.charge(charged_out - self.streamed_events)
+        for slot, held in self.outputs:  # the unused reservation goes back
+            if charged_out != held:
+                slot.charge(charged_out - held)
         if charged_in:
             plan.charged_in.inc(charged_in)
         if charged_out:
             plan.charged_out.inc(charged_out)
+
+
+def requested_output(obj: Any) -> int:
+    """The most output tokens the request asks for (max_tokens x n), 1 when it does not say."""
+    if not isinstance(obj, dict):
+        return 1
+    m = obj.get("max_completion_tokens") or obj.get("max_tokens") or obj.get("max_output_tokens")
+    n = obj.get("n")
+    if type(m) is not int or m < 1:
+        return 1
+    return m * n if type(n) is int and n > 1 else m
 
 
 def reset_text(seconds: float) -> str:

@@ -116,16 +116,18 @@ class RedisStore:
             raise StoreDown(self.address) from None
         return float(res[0]), float(res[1])
 
-    async def take(self, b: LeasedBucket, need: float, consume: bool) -> Refusal | None:
-        """A round trip for what the lease lacks plus a chunk; None = admitted."""
+    async def take(self, b: LeasedBucket, need: float, want: float) -> Refusal | float:
+        """A round trip for what the lease lacks (to `want`) plus a chunk; admitted when
+        `need` is there: returns what was taken (as LeasedBucket.acquire_local)."""
         for _ in range(2):  # another request may spend the new lease during the await
             deficit = need - b.lease
-            granted, b.remote = await self._call("take", b, deficit, deficit + b.chunk)
+            granted, b.remote = await self._call("take", b, deficit, max(deficit, want - b.lease) + b.chunk)
             if granted <= 0:
                 return b.refusal(need)
             b.lease += granted
-            if b.acquire_local(need, consume):
-                return None
+            took = b.acquire_local(need, want)
+            if took is not None:
+                return took
         return b.refusal(need)
 
     def charge(self, b: LeasedBucket, n: float) -> None:

@@ -5,6 +5,7 @@ as documented, and the routers recover when it returns."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import time
@@ -108,12 +109,14 @@ def test_three_routers_share_one_global_hourly_budget(tmp_path: Path) -> None:
         stats = _run_clients(routers, "demo-out", max_tokens)
         gen = _engine_tokens(sim)[1] - before_out
         refill = out / 3600 * (time.monotonic() - t0)
-        in_flight = 3 * CLIENTS_PER_ROUTER * max_tokens
-        print(f"output: {gen:.0f} of {out} (+{refill:.0f} refilled, in-flight bound {in_flight}), {stats}")
+        # Each admission reserves its max_tokens of what is there (it needs only one token,
+        # Kthena's rule), so only a partial reservation overshoots, by less than max_tokens;
+        # one happens when the shared bucket runs dry, one per router's lease, and one per
+        # refilled token (nothing unused comes back here: every request uses all 40).
+        partial = (len(routers) + 1 + math.ceil(refill)) * max_tokens
+        print(f"output: {gen:.0f} of {out} (+{refill:.0f} refilled, partial-reservation bound {partial}), {stats}")
         assert stats["refused"] > 0, stats
-        # output is charged as it streams: overshoot at most the in-flight requests' max_tokens,
-        # plus what is streamed while a debt payment is on its way to Redis (slack: a lease per router)
-        assert 0.98 * out <= gen <= out + refill + in_flight + 3 * out * LEASE_PERCENT / 100, (gen, refill, stats)
+        assert 0.98 * out <= gen <= out + refill + partial, (gen, refill, stats)
         charged = sum(harness.metric_value(harness.parse_metrics(r.metrics_text()),
                                            "kthena_router_ratelimit_charged_tokens_total", token_type="output")
                       for r in routers)

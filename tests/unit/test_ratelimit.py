@@ -13,7 +13,7 @@ from config_fixtures import endpoints, load, route, server
 from kthena_router.config import ConfigError
 from kthena_router.errors import RequestError
 from kthena_router.identity.model import ANONYMOUS, Identity
-from kthena_router.ratelimit.bucket import LeasedBucket, LocalBucket
+from kthena_router.ratelimit.bucket import LeasedBucket, LocalBucket, Refusal
 from kthena_router.ratelimit.config import KeyLimits, Limit, parse_key_limits, parse_rate_limits
 from kthena_router.ratelimit.limiter import Limiter, reset_text
 from kthena_router.ratelimit.metrics import RateLimitMetrics
@@ -112,25 +112,29 @@ def test_absent_section_is_empty() -> None:
 
 def test_local_bucket_refills_goes_into_debt_and_reports() -> None:
     b = LocalBucket(100, 10, now=0.0)  # 100 per 10 s
-    assert b.acquire(60, True, 0.0) is None
-    r = b.acquire(60, True, 0.0)
-    assert r is not None and r.remaining == 40 and r.retry_after_s == pytest.approx(2.0)
+    assert b.acquire(60, 60, 0.0) == 60
+    r = b.acquire(60, 60, 0.0)
+    assert isinstance(r, Refusal) and r.remaining == 40 and r.retry_after_s == pytest.approx(2.0)
     assert r.reset_s == pytest.approx(6.0)
-    assert b.acquire(60, True, 2.0) is None  # refilled 20
+    assert b.acquire(60, 60, 2.0) == 60  # refilled 20
     b.charge(30)  # unconditional: settlement above the estimate
     assert b.tokens == -30
-    assert b.acquire(1, False, 2.0) is not None  # output needs one token there
-    assert b.acquire(1, False, 5.2) is None and b.tokens == pytest.approx(2.0)
+    assert isinstance(b.acquire(1, 50, 2.0), Refusal)  # output needs one token there
+    assert b.acquire(1, 50, 5.2) == pytest.approx(2.0) and b.tokens == 0  # reserves what is there
+    assert b.acquire(0, 0, 5.2) == 0
     b.charge(-1000)
     assert b.tokens == 100  # a refund never exceeds the capacity
+    assert b.acquire(1, 40, 5.2) == 40 and b.tokens == 60  # a full reservation when it is there
 
 
 def test_leased_bucket_spends_locally_then_owes() -> None:
     b = LeasedBucket("k", 1000, 1, lease_percent=2)
-    assert b.chunk == 20 and not b.acquire_local(5, True)
+    assert b.chunk == 20 and b.acquire_local(5, 5) is None
     b.lease = 25
-    assert b.acquire_local(5, True) and b.lease == 20
-    assert b.acquire_local(20, False) and b.lease == 20  # a check takes nothing
+    assert b.acquire_local(5, 5) == 5 and b.lease == 20
+    assert b.acquire_local(1, 0) == 0 and b.lease == 20  # a check takes nothing
+    assert b.acquire_local(1, 50) == 20 and b.lease == 0  # a partial reservation
+    b.lease = 20
     assert not b.charge(10) and b.charge(15) and b.lease == -5  # a debt to pay to Redis
 
 
@@ -197,6 +201,35 @@ def test_settlement_charges_real_usage_and_refunds_unserved(tmp_path: Path) -> N
 
     asyncio.run(go())
     assert plan.estimator.ratio == pytest.approx((4 * 64 * 0.99 + 400) / (64 * 0.99 + 130))  # decayed prior
+
+
+def test_output_reserves_max_tokens_so_concurrent_requests_cannot_share_the_last_tokens(tmp_path: Path) -> None:
+    lim = _limiter(b"{}")
+    plan = lim.plan(_route(tmp_path, {"outputTokensPerUnit": 100, "unit": "hour"}), ANONYMOUS)
+    out = plan.fixed[0].bucket
+
+    def body(**kw: int) -> SimpleNamespace:
+        return SimpleNamespace(raw=b"x" * 40, obj={"messages": [], **kw}, model="m")
+
+    async def go() -> None:
+        a = await plan.admit(_x(), body(max_tokens=40), ANONYMOUS)
+        b = await plan.admit(_x(), body(max_completion_tokens=20, n=2), ANONYMOUS)
+        assert out.tokens == pytest.approx(20, abs=0.1)
+        c = await plan.admit(_x(), body(max_tokens=40), ANONYMOUS)  # one token there: admitted, reserves 20
+        assert out.tokens == pytest.approx(0, abs=0.1)
+        with pytest.raises(RequestError) as ei:
+            await plan.admit(_x(), body(max_tokens=40), ANONYMOUS)
+        assert ei.value.status == 429
+        a.streamed(b"data: {}\n\n" * 30)  # within its reservation: nothing charged yet
+        assert out.tokens == pytest.approx(0, abs=0.1)
+        c.streamed(b"data: {}\n\n" * 25)  # 5 beyond its partial reservation
+        assert out.tokens == pytest.approx(-5, abs=0.1)
+        a.settle(_x(completion=31))  # 9 of its 40 come back
+        b.settle(_x(status=503))  # never served: all 40 come back
+        c.settle(_x(completion=25))
+        assert out.tokens == pytest.approx(100 - 31 - 25, abs=0.1)
+
+    asyncio.run(go())
 
 
 def test_refusal_by_one_bucket_gives_back_the_others(tmp_path: Path) -> None:
