@@ -76,7 +76,8 @@ def parse_scale_from_zero(c: Collector, v: Any, path: str = "scaleFromZero") -> 
     for name, item in (raw or {}).items():
         p = join_path(f"{path}.modelServers", str(name))
         if not isinstance(name, str) or not name or name.count("/") > 1:
-            c.err(p, "key must be a ModelServer name or namespace/name")
+            hint = " (YAML read this key as a boolean or number: quote it)" if not isinstance(name, str) else ""
+            c.err(p, f"key must be a ModelServer name or namespace/name{hint}")
             continue
         im = check_mapping(c, item if item is not None else {}, p, _KEYS)
         if im is None:
