@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .checks import check_duration, check_int, check_mapping, join_path, type_name
+from .checks import check_duration, check_int, check_mapping, join_path, named_overrides
 from .traffic import Collector
 
 __all__ = ["DEFAULT_SCALE_FROM_ZERO", "HoldSettings", "ScaleFromZeroSettings", "parse_scale_from_zero"]
@@ -69,20 +69,9 @@ def parse_scale_from_zero(c: Collector, v: Any, path: str = "scaleFromZero") -> 
         return DEFAULT_SCALE_FROM_ZERO
     defaults = _settings(c, HoldSettings(), m, path)
     overrides: dict[str, HoldSettings] = {}
-    raw = m.get("modelServers")
-    if raw is not None and not isinstance(raw, dict):
-        c.err(f"{path}.modelServers", f"must be a mapping of ModelServer name to settings, got {type_name(raw)}")
-        raw = None
-    for name, item in (raw or {}).items():
-        p = join_path(f"{path}.modelServers", str(name))
-        if not isinstance(name, str) or not name or name.count("/") > 1:
-            hint = " (YAML read this key as a boolean or number: quote it)" if not isinstance(name, str) else ""
-            c.err(p, f"key must be a ModelServer name or namespace/name{hint}")
-            continue
-        im = check_mapping(c, item if item is not None else {}, p, _KEYS)
-        if im is None:
-            continue
-        overrides[name if "/" in name else f"default/{name}"] = _settings(c, defaults, im, p)
+    for key, p, item in named_overrides(c, m.get("modelServers"), join_path(path, "modelServers"), "ModelServer"):
+        if check_mapping(c, item, p, _KEYS) is not None:
+            overrides[key] = _settings(c, defaults, item, p)
     return ScaleFromZeroSettings(defaults, MappingProxyType(overrides))
 
 
