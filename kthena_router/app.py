@@ -133,6 +133,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                 registry.apply_policies(state.targets)
             identity.install(rc.auth)
             forwarder.fairness = fairness.install(rc.fairness)
+            forwarder.zero_hold.on_state(state)  # scaleFromZero may have changed
 
         reloader.on_install = installed
         balancer = reloader.balancer

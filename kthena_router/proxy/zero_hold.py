@@ -40,12 +40,32 @@ class ZeroHold:
     def settings_for(self, server: ModelServer) -> HoldSettings:
         return self.settings().for_server(server.namespace, server.name)
 
-    def on_state(self, _state: Any) -> None:
-        """After every routing-state install: wake every held request to look again."""
+    def on_state(self, state: Any) -> None:
+        """After every routing-state install (and router-configuration install): wake every
+        held request to look again; publish the pending series that may be used."""
         ev = self._changed
         if ev is not None:
             self._changed = None
             ev.set()
+        if state is not None:
+            self._publish_zeros(state)
+
+    def _publish_zeros(self, state: Any) -> None:
+        """A series (0 until something is held) for every (model, ModelServer) that holding is
+        on for, so that a reader sees "nothing pending" rather than "no data". Creating the
+        label child writes its 0 (multiprocess mode); the children are cached, bounded by
+        the config."""
+        settings = self.settings()
+        servers = state.config.servers
+        for route in state.config.routes:
+            models = ((route.model_name,) if route.model_name else ()) + tuple(route.lora_adapters)
+            for rule in route.rules:
+                for target in rule.targets:
+                    server = servers.get((route.namespace, target.model_server_name))
+                    if server is None or not settings.for_server(server.namespace, server.name).enabled:
+                        continue
+                    for model in models:
+                        self.metrics.pending(model, f"{server.namespace}/{server.name}")
 
     def hold(self, server: ModelServer, server_label: str, model: str, hs: HoldSettings) -> Hold:
         """Start holding (raises 503 at once when this worker's share of maxPending is taken)."""

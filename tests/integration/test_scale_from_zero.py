@@ -18,7 +18,7 @@ import pytest
 import harness
 
 PENDING = "kthena_router_pending_requests"
-SERVERS = ("held", "short", "full", "nohold", "gone")
+SERVERS = ("held", "short", "full", "nohold", "gone", "idle")  # idle: never requested
 ROUTER_CONFIG = """\
 scaleFromZero:
   holdTimeout: 120s
@@ -181,3 +181,13 @@ def test_invalid_scale_from_zero_keeps_the_old_configuration(zero: harness.Route
     r = httpx.post(f"{zero.openai_url}/chat/completions", timeout=60,
                    json={"model": "short", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     assert r.status_code == 503 and r.json()["error"]["code"] == "no_replicas"
+
+
+def test_pending_series_reads_zero_for_servers_that_hold(zero: harness.Router) -> None:
+    """A reader (the autoscaler's wake signal) sees 0, not "no data", before anything is held;
+    servers with holding off get no series."""
+    fams = harness.parse_metrics(zero.metrics_text())
+    series = {(s.labels["model"], s.labels["model_server"]): s.value
+              for fam in fams.values() for s in fam.samples if s.name == PENDING}
+    assert series.get(("idle", "default/idle")) == 0, series
+    assert ("nohold", "default/nohold") not in series
