@@ -232,7 +232,8 @@ class _Request(Exchange):
                 downstream.inc()
                 # Armed before any wait (hold, Redis): a client that leaves while we wait cancels us.
                 watch = self.watch = _Disconnect(receive)
-                if not targets and not external:  # no endpoint at all: scaled to zero?
+                # no endpoint at all: scaled to zero? (a stored response went with its engine: no wait)
+                if not targets and not external and not api.response_id:
                     state, match = await self._hold_for_zero(state, api, body, match)
                     external = type(match) is ExternalMatch
                     targets = () if external else state.targets.get(match.server.key, ())
