@@ -229,7 +229,8 @@ class AutoscalerController:
         snapshot = await self.collector.router_snapshot()
         name = (ms.get("metadata") or {}).get("name")
         own = [p for p in self._pods() if (p.get("metadata") or {}).get("namespace") == ns
-               and ((p.get("metadata") or {}).get("labels") or {}).get(n.LABEL_NAME) == name]
+               and ((p.get("metadata") or {}).get("labels") or {}).get(n.LABEL_NAME) == name
+               and ((p.get("metadata") or {}).get("labels") or {}).get(n.LABEL_ENTRY) == n.ENTRY]
         return woken(obs, snapshot, selecting_servers(self.servers.store.values(), ns, ms, own))
 
     def _target(self, namespace: str, name: str) -> Obj | None:
