@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 
-import engine_load
 import harness
 import k8s_harness
 from autoscaler_support import API, FAST, Obj, ScalerApi, homogeneous, ready_message, ready_reason, scaler_namespace, \
@@ -197,6 +197,8 @@ def test_vllm_simulator_queue_scales_up_with_engine_defaults(api: ScalerApi, tmp
     queues requests; `num_requests_waiting` without a pod.name reads vllm:num_requests_waiting."""
     sim = harness.start_simulator(tmp_path_factory.mktemp("sim"), engines=1,
                                   extra_args=["--max-num-seqs", "1", "--time-scale", "5"])
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
     try:
         api.cp.apply([modelserving("sim", api.ns, 1, single_role())])
         api.pods_up("sim", 1)
@@ -206,15 +208,29 @@ def test_vllm_simulator_queue_scales_up_with_engine_defaults(api: ScalerApi, tmp
             "num_requests_waiting": {"pod": {"port": sim.ports[0]}}}
         api.cp.apply([policy])
         api.wait_policy("sim-policy", lambda p: "1 replicas kept" in ready_message(p), "kept at 1 while idle")
-        # seven at a time, one running: five or six waiting, / 2 per replica = 3 replicas
-        with engine_load.Load(engine_load.completions(sim.urls[0], max_tokens=16), threads=7) as load:
-            api.wait_replicas("sim", 3, timeout=60)
-            p = api.wait_policy("sim-policy", lambda p: p["status"]["homogeneousStatus"].get("lastScaleTime"),
-                                "scaled")
-            assert p["status"]["homogeneousStatus"]["desiredReplicas"] >= 3
-        assert not load.errors, load.errors[:3]
+
+        def generate() -> None:
+            try:
+                with httpx.Client(timeout=httpx.Timeout(10, read=120)) as c, c.stream(
+                        "POST", f"{sim.urls[0]}/v1/completions",
+                        json={"model": "demo", "prompt": "hello", "max_tokens": 4000, "stream": True}) as r:
+                    for _ in r.iter_lines():
+                        if stop.is_set():
+                            return
+            except httpx.HTTPError:
+                pass  # the simulator stopped under the stream (end of the test)
+        threads = [threading.Thread(target=generate, daemon=True) for _ in range(7)]
+        for t in threads:
+            t.start()
+        # one running, six waiting: 6 / 2 per replica = 3 replicas
+        api.wait_replicas("sim", 3, timeout=60)
+        p = api.wait_policy("sim-policy", lambda p: p["status"]["homogeneousStatus"].get("lastScaleTime"), "scaled")
+        assert p["status"]["homogeneousStatus"]["desiredReplicas"] >= 3
     finally:
+        stop.set()
         sim.stop()
+        for t in threads:
+            t.join(10)
 
 
 def test_heterogeneous_spreads_cheapest_first(api: ScalerApi, metrics: MetricsServer) -> None:
