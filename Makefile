@@ -8,7 +8,7 @@ EXT    := kthena_router/_core.abi3.so
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 RUST_SRC := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml
 
-.PHONY: run test build cargo-test pytest bench bench-overhead clean redis-server k8s-testbin
+.PHONY: run test build cargo-test pytest bench bench-overhead clean redis-server prometheus k8s-testbin
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,12 +40,20 @@ redis-server:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; }
 
+# Debian's prometheus: the autoscaler's Prometheus metric source is tested against a real server
+# (the tests run their own on a free loopback port; a service the package may start is not used).
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  echo "installing Debian's prometheus"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus >/dev/null; }
+
 # kube-apiserver, kube-controller-manager, kubectl and etcd built from Go modules for the
 # Kubernetes tests (cached under ~/.cache/kthena-testbin; about 18 min on 2 cores when cold).
 k8s-testbin:
 	bash scripts/k8s-testbin.sh >/dev/null
 
-pytest: build redis-server k8s-testbin
+pytest: build redis-server prometheus k8s-testbin
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 
 test: build cargo-test pytest

@@ -22,12 +22,15 @@ NODE = "kube-router-node"
 DEPLOY = harness.REPO / "configs" / "deploy" / "router"
 
 
-def start_engine(ip: str, port: int, log_dir: Path, *, itl_ms: int = 5) -> harness.Simulator:
-    """One simulated vLLM engine on ip:port (Linux routes all of 127/8 to lo)."""
+def start_engine(ip: str, port: int, log_dir: Path, *, itl_ms: int = 5,
+                 physics: list[str] | None = None) -> harness.Simulator:
+    """One simulated vLLM engine on ip:port (Linux routes all of 127/8 to lo). `physics`:
+    the simulator's engine model with these flags (e.g. --max-num-seqs, which builds a
+    waiting queue) instead of --fast's fixed latencies."""
     admin = harness.free_port()
     argv = [harness.PYTHON, "-m", "loadtest.simulator", "--engines", "1", "--host", ip, "--ports", str(port),
-            "--admin-port", str(admin), "--model", "demo", "--flavour", "vllm", "--fast",
-            "--fast-ttft-ms", "5", "--fast-itl-ms", str(itl_ms)]
+            "--admin-port", str(admin), "--model", "demo", "--flavour", "vllm"]
+    argv += ["--fast", "--fast-ttft-ms", "5", "--fast-itl-ms", str(itl_ms)] if physics is None else physics
     proc = harness.ManagedProcess(f"sim-{ip}", argv, log_dir)
 
     def ready() -> bool:
