@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import harness
 import httpx
@@ -125,19 +126,29 @@ def test_connector_streamed(router: harness.Router, sim: harness.Simulator, conn
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text and all(c.usage is None for c in chunks)  # the injected usage chunk stays hidden
-    seen = pdh.hops(sim, rid)
+
+    def counted() -> Any:
+        # the router counts and the engine logs after the last byte went out: wait for both
+        seen = pdh.hops(sim, rid)
+        fams = harness.parse_metrics(router.metrics_text())
+        server = f"default/pd-{connector}"
+        done = (sum(len(v) for v in seen.values()) >= 2
+                and harness.metric_value(fams, "kthena_router_pd_requests_total", model_server=server,
+                                         mode="two_hop") > before
+                and harness.metric_value(fams, "kthena_router_pd_kv_wait_seconds_count", model_server=server,
+                                         connector=connector) >= 1
+                and harness.metric_value(fams, "kthena_router_request_prefill_duration_seconds_count",
+                                         model=f"pd-{connector}", status_code="200") >= 1
+                and harness.metric_value(fams, "kthena_router_pd_decode_ttft_seconds_count",
+                                         model_server=server) >= 1)
+        return (seen, fams) if done else None
+
+    seen, fams = harness.wait_until(counted, 10, what="the request's hops and PD metrics")
     (p_idx, (p,)), (d_idx, (d,)) = sorted(seen.items())
     assert p["stream"] is False and p["tokens_out"] == 1
     assert d["stream"] is True and d["tokens_out"] == 6
-    fams = harness.parse_metrics(router.metrics_text())
     assert harness.metric_value(fams, "kthena_router_pd_requests_total", model_server=f"default/pd-{connector}",
                                 mode="two_hop") == before + 1
-    assert harness.metric_value(fams, "kthena_router_pd_kv_wait_seconds_count",
-                                model_server=f"default/pd-{connector}", connector=connector) >= 1
-    assert harness.metric_value(fams, "kthena_router_request_prefill_duration_seconds_count",
-                                model=f"pd-{connector}", status_code="200") >= 1
-    assert harness.metric_value(fams, "kthena_router_pd_decode_ttft_seconds_count",
-                                model_server=f"default/pd-{connector}") >= 1
 
 
 def test_completions_api_and_usage_for_the_client(router: harness.Router, sim: harness.Simulator) -> None:

@@ -24,7 +24,7 @@ import harness
 import k8s_harness
 from controller_support import modelserving, start_controller, template
 from kube_router_env import Cluster, metric, route, server, start_engine, start_kube_router
-from test_autoscaler_controller import API, MERGE, ScalerApi, ready_message
+from autoscaler_support import API, MERGE, ScalerApi, ready_message
 
 IPS = ["127.0.0.41", "127.0.0.42"]
 ROUTER_CONFIG = "scaleFromZero:\n  holdTimeout: 90s\n"
