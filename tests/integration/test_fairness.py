@@ -121,9 +121,86 @@ def test_light_tenant_latency_and_token_shares_under_saturation(simulator: harne
     assert abs((1 - share) / (1 / 3) - 1) <= 0.10, f"heavy share {1 - share:.3f}, weights say 0.333"
 
 
+async def _streamed_loop(client: openai.AsyncOpenAI, until: float, out: list[tuple[float, float, float, int]]) -> None:
+    """Streamed requests back to back until `until`: (start, wait, end, tokens) of each one
+    that completed before `until`; the wait is the time to the first streamed chunk (the
+    fair queue's wait plus one token's time, the same in every phase)."""
+    while (t0 := time.monotonic()) < until:
+        stream = await client.chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "hello there"}], max_tokens=MAX_TOKENS,
+            stream=True, stream_options={"include_usage": True})
+        first, tokens = 0.0, 0
+        async for chunk in stream:
+            if not first:
+                first = time.monotonic() - t0
+            if chunk.usage is not None:
+                tokens = chunk.usage.prompt_tokens + chunk.usage.completion_tokens
+        if (t1 := time.monotonic()) <= until:
+            out.append((t0, first, t1, tokens))
+
+
+def test_backlogged_light_tenant_p99_wait_at_most_twice_alone_and_weighted_shares(
+        simulator: harness.Simulator, tmp_path: Path) -> None:
+    """Issue 9 as written: the light tenant keeps more requests outstanding than there are
+    slots (backlogged), first alone, then with a backlogged heavy tenant. With S slots, T per
+    request and k outstanding, its wait is about (k/S - 1)·T alone and (k/(w·S) - 1)·T at
+    its weighted share w: for k = 5·S and w = 3/4, 4·T against 5.7·T (1.4x); the bound is 2x.
+    First come first served would give the light tenant 20 of 32 outstanding requests' worth
+    of the tokens (0.625) and a 7·T wait (1.75x)."""
+    slots, light_clients, heavy_clients = 4, 20, 12
+    fairness = {"saturation": {"maxInFlightPerEndpoint": slots},
+                "tenants": {"heavy": {"weight": 1}, "light": {"weight": 3}}}
+    router = _start(simulator, tmp_path, fairness)
+    simulator.set_faults(0, token_delay_s=2 * TOKEN_DELAY_S)  # T about 0.35 s: well above the clients' jitter
+    heavy, light = _client(router, "sk-heavy-0123456789"), _client(router, "sk-light-0123456789")
+
+    async def phase(seconds: float, n_light: int, n_heavy: int) -> tuple[list[Any], list[Any]]:
+        end = time.monotonic() + seconds
+        lo: list[Any] = []
+        hi: list[Any] = []
+        await asyncio.gather(*(_streamed_loop(light, end, lo) for _ in range(n_light)),
+                             *(_streamed_loop(heavy, end, hi) for _ in range(n_heavy)))
+        return lo, hi
+
+    async def run() -> tuple[list[Any], list[Any], list[Any]]:
+        await _chat(light)  # warm-up (connections, first scrape)
+        alone, _ = await phase(7, light_clients, 0)
+        both_light, both_heavy = await phase(10, light_clients, heavy_clients)
+        return alone, both_light, both_heavy
+
+    try:
+        alone, both_light, both_heavy = asyncio.run(run())
+        queued_light = _metric(router, "kthena_router_fairness_admitted_total", tenant="light", path="queued")
+    finally:
+        router.stop()
+
+    def since(samples: list[Any], t: float, at: int) -> list[Any]:
+        return [x for x in samples if x[at] >= t]
+
+    # past each phase's start-up (2 s): waits of the requests started after it, and shares of
+    # the tokens of the requests completed after it (by start, the heavy tenant's longer
+    # requests would be cut off at the end of the phase more often than the light one's)
+    alone = since(alone, min(x[0] for x in alone) + 2.0, 0)
+    t_both = min(x[0] for x in both_light + both_heavy) + 2.0
+    waits_light = since(both_light, t_both, 0)
+    assert queued_light > 0 and len(alone) >= 40 and len(waits_light) >= 40
+    p99_alone = _p99([x[1] for x in alone])
+    p99_both = _p99([x[1] for x in waits_light])
+    light_tokens = sum(x[3] for x in since(both_light, t_both, 2))
+    heavy_tokens = sum(x[3] for x in since(both_heavy, t_both, 2))
+    share = light_tokens / (light_tokens + heavy_tokens)
+    print(f"backlogged light p99 wait alone {p99_alone:.3f}s, with heavy {p99_both:.3f}s "
+          f"({p99_both / p99_alone:.2f}x); light token share {share:.3f} (weights 0.75)")
+    assert p99_both <= 2 * p99_alone, f"light p99 wait {p99_both:.3f}s with heavy vs {p99_alone:.3f}s alone"
+    assert abs(share / 0.75 - 1) <= 0.10, f"light share {share:.3f}, weights say 0.75"
+    assert abs((1 - share) / 0.25 - 1) <= 0.10, f"heavy share {1 - share:.3f}, weights say 0.25"
+
+
 def test_priority_classes_are_served_first(simulator: harness.Simulator, tmp_path: Path) -> None:
+    """Classes by key (high-key, low-key) and by the route's default (heavy-key names none)."""
     fairness = {"priorityClasses": [{"name": "high", "order": 0}, {"name": "default", "order": 1},
                                     {"name": "low", "order": 2}],
+                "routes": {"demo": {"defaultPriority": "low"}},
                 "saturation": {"maxInFlightPerEndpoint": 1}}
     router = _start(simulator, tmp_path, fairness)
     simulator.set_faults(0, token_delay_s=0.05)
@@ -133,7 +210,8 @@ def test_priority_classes_are_served_first(simulator: harness.Simulator, tmp_pat
     async def run() -> None:
         blocker = asyncio.ensure_future(_chat(heavy, "blocker"))
         await _until(router, "kthena_router_fairness_queue_inflight", 1)
-        lows = [asyncio.ensure_future(_chat(low, f"low-{i}")) for i in range(3)]
+        lows = [asyncio.ensure_future(_chat(low, f"low-{i}")) for i in range(2)]
+        lows.append(asyncio.ensure_future(_chat(heavy, "low-2")))  # no class named: the route's default
         await _until(router, "kthena_router_fairness_queue_size", 3, priority="low")
         highs = [asyncio.ensure_future(_chat(high, f"high-{i}")) for i in range(3)]
         await asyncio.gather(blocker, *lows, *highs)

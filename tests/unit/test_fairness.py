@@ -159,7 +159,9 @@ def test_unknown_priority_falls_back_to_the_route_default_and_cancel_leaves_queu
     async def run() -> None:
         gate = _gate(saturation=Saturation(max_in_flight=1), route_priority={"default/demo": "high"})
         assert gate._class_id("gold", "default/demo") == 0
-        assert gate._class_id("", "other/route") == 1
+        assert gate._class_id("", "default/demo") == 0  # naming none: the route's default class
+        assert gate._class_id("default", "default/demo") == 1  # a named class (key or claim) wins
+        assert gate._class_id("", "other/route") == 1  # no route default: fairness.defaultPriority
         await _acquire(gate)
         task = asyncio.ensure_future(_acquire(gate))
         await asyncio.sleep(0)

@@ -246,3 +246,37 @@ def test_refusal_by_one_bucket_gives_back_the_others(tmp_path: Path) -> None:
         assert tenant_requests.bucket.tokens == pytest.approx(100)
 
     asyncio.run(go())
+
+
+def test_per_user_and_per_tenant_model_buckets_and_a_route_override(tmp_path: Path) -> None:
+    """perUser: one bucket per (tenant, user); perTenantModel: one per (tenant, requested
+    model); a route override ({} = off) changes only its own route."""
+    rc = load_router_configuration_bytes(b"rateLimits: {perUser: {requestsPerUnit: 2, unit: hour}, "
+                                         b"perTenantModel: {requestsPerUnit: 3, unit: hour}, "
+                                         b"routes: {free: {perUser: {}, perTenantModel: {}}}}\n")
+    lim = Limiter(RateLimitMetrics(CollectorRegistry()), lambda: rc.rate_limits)
+    cfg = load(tmp_path, [route("r", "m"), route("free", "f"), server(), endpoints()])
+    r, free = (next(x for x in cfg.routes if x.name == n) for n in ("r", "free"))
+    alice, bob = Identity("acme", "alice", "", "api_key", "a"), Identity("acme", "bob", "", "api_key", "b")
+    other_alice = Identity("beta", "alice", "", "api_key", "c")
+
+    async def go() -> None:
+        async def admit(route_: object, ident: Identity, model: str) -> str:
+            plan = lim.plan(route_, ident)  # type: ignore[arg-type]
+            try:
+                await plan.admit(_x(), _body(40, model), ident)
+            except RequestError as e:
+                assert e.status == 429
+                return e.message
+            return "ok"
+
+        assert [await admit(r, alice, "m") for _ in range(2)] == ["ok", "ok"]
+        assert "user acme/alice" in (await admit(r, alice, "m"))  # her own bucket: 2 an hour
+        assert await admit(r, bob, "m") == "ok"  # another user of acme: (acme, m) now has 3
+        assert "tenant acme on model m" in (await admit(r, bob, "m"))
+        assert await admit(r, bob, "m2") == "ok"  # another requested model: another bucket
+        assert await admit(r, other_alice, "m") == "ok"  # same user name, other tenant
+        assert lim.plan(free, alice) is None  # the override switched both off: nothing left on this route
+        assert "user acme/alice" in (await admit(r, alice, "m"))
+
+    asyncio.run(go())
