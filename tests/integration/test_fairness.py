@@ -216,12 +216,18 @@ def test_priority_classes_are_served_first(simulator: harness.Simulator, tmp_pat
         highs = [asyncio.ensure_future(_chat(high, f"high-{i}")) for i in range(3)]
         await asyncio.gather(blocker, *lows, *highs)
 
+    wait = "kthena_router_fairness_queue_duration_seconds"
     try:
         simulator.reset_requests(0)
         asyncio.run(run())
         log = [e["request_id"] for e in simulator.requests(0)["log"]]
+        waited = {p: (_metric(router, f"{wait}_count", priority=p), _metric(router, f"{wait}_sum", priority=p))
+                  for p in ("high", "low")}
     finally:
         router.stop()
+    # the wait-time histogram: every queued request observed once, the low ones waited longer
+    assert waited["high"][0] == 3 and waited["low"][0] == 3, waited
+    assert waited["low"][1] > waited["high"][1] > 0, waited
     # one slot: the engine sees requests in dispatch order; all high ones before the low ones
     order = [r.split("-")[0] for r in log]
     assert order[0] == "blocker", log
@@ -256,6 +262,8 @@ def test_queue_full_gets_429_and_max_wait_503_with_retry_after(simulator: harnes
     try:
         waited, full, sdk_err = asyncio.run(run())
         rejected_full = _metric(router, "kthena_router_fairness_rejected_total", reason="queue_full")
+        full_by_tenant = [_metric(router, "kthena_router_fairness_rejected_total", reason="queue_full", tenant=t)
+                          for t in ("light", "heavy")]
         rejected_wait = _metric(router, "kthena_router_fairness_rejected_total", reason="max_wait")
     finally:
         router.stop()
@@ -271,6 +279,7 @@ def test_queue_full_gets_429_and_max_wait_503_with_retry_after(simulator: harnes
         assert e["code"] == "queue_timeout" and "maxWaitSeconds" in e["message"]
         assert r.headers["retry-after"] == "3"
     assert rejected_full == 2 and rejected_wait == 2
+    assert full_by_tenant == [1, 1]  # per tenant: the light key's refused POST, the heavy key's SDK call
 
 
 def test_client_that_disconnects_while_queued_leaves_the_queue(simulator: harness.Simulator,

@@ -16,6 +16,7 @@ import pytest
 import redis as redis_lib
 import yaml
 
+import auth_harness as ah
 import harness
 import redis_harness
 
@@ -220,5 +221,43 @@ def test_refusal_costs_no_session_lookup_and_a_client_leaving_during_a_redis_wai
                                     result="admitted") == 1
     finally:
         router.stop()
+        sim.stop()
+        redis.stop()
+
+
+def test_section_buckets_in_redis_are_shared_by_routers(tmp_path: Path) -> None:
+    """rateLimits.redis: the tenant and API-key buckets (request counts here) live in Redis,
+    so two routers together admit exactly a tenant's and a key's limit."""
+    redis = redis_harness.start_redis(tmp_path)
+    sim = harness.start_simulator(tmp_path, engines=1, fast=True)
+    config = harness.write_config(tmp_path / "cfg.yaml", harness.engine_config(sim.ports))
+    keys = {"sk-alice-0123456789": ah.api_key("alice", tenant="acme", user="alice"),
+            "sk-carol-0123456789": ah.api_key("carol", tenant="acme", user="carol"),
+            "sk-bob-0123456789": ah.api_key("bob", tenant="beta", user="bob",
+                                            limits={"requestsPerUnit": 3, "unit": "hour"})}
+    ah.write_keys_file(tmp_path / "keys.yaml", keys)
+    rc = ah.write_router_config(tmp_path / "router.yaml", ah.auth_section(tmp_path / "keys.yaml"), rateLimits={
+        "redis": {"address": redis.address}, "leasePercent": 0,  # a round trip per request: exact counts
+        "perTenant": {"requestsPerUnit": 5, "unit": "hour"}, "tenants": {"beta": {"requestsPerUnit": 100}}})
+    routers = [harness.start_router(config, tmp_path / f"r{i}", extra_args=["--router-config", str(rc)])
+               for i in range(2)]
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    try:
+        with httpx.Client(timeout=30) as http:
+            def chat(i: int, key: str) -> httpx.Response:
+                return http.post(f"{routers[i % 2].openai_url}/chat/completions", json=body,
+                                 headers={"authorization": f"Bearer {key}"})
+
+            acme = [chat(i, "sk-alice-0123456789" if i % 3 else "sk-carol-0123456789").status_code
+                    for i in range(8)]
+            assert acme == [200] * 5 + [429] * 3, acme  # one tenant bucket for both routers and users
+            bob = [chat(i, "sk-bob-0123456789") for i in range(5)]
+            assert [r.status_code for r in bob] == [200] * 3 + [429] * 2
+            assert bob[3].headers["x-ratelimit-limit-requests"] == "3" and "API key bob" in bob[3].text
+        db = redis_lib.Redis(host=harness.HOST, port=redis.port)
+        assert db.keys("kthena:rl:tenant:*acme*") and db.keys("kthena:rl:key:bob*")
+    finally:
+        for r in routers:
+            r.stop()
         sim.stop()
         redis.stop()
