@@ -280,3 +280,17 @@ def test_per_user_and_per_tenant_model_buckets_and_a_route_override(tmp_path: Pa
         assert "user acme/alice" in (await admit(r, alice, "m"))
 
     asyncio.run(go())
+
+
+def test_overhead_benchmark_governance_configuration_loads() -> None:
+    """configs/bench/governance.yaml (docs/overhead.md, step 5's cost figures): auth, limits on
+    every scope the figure claims, and fair queuing, with the key the benchmark sends."""
+    from kthena_router.scheduling.config import load_router_configuration_file
+
+    rc = load_router_configuration_file(Path(__file__).resolve().parents[2] / "configs" / "bench" / "governance.yaml")
+    assert rc.auth is not None and rc.auth.keys is not None
+    found = rc.auth.keys.lookup("sk-bench-0000000000000000")
+    assert found is not None and found.identity.tenant == "bench"
+    d = rc.rate_limits.defaults
+    assert d.route is not None and d.per_tenant is not None and d.per_user is not None
+    assert rc.fairness is not None and rc.fairness.enabled
