@@ -317,3 +317,54 @@ def test_client_that_disconnects_while_queued_leaves_the_queue(simulator: harnes
     assert size_after == 0 and dropped == 1
     assert [e["request_id"] for e in log] == ["blocker"]  # the engine never saw the request that left
     assert not any(re.fullmatch("gone", e["request_id"]) for e in log)
+
+
+def test_learned_capacity_holds_the_excess_in_the_router_not_in_the_engine(tmp_path: Path) -> None:
+    """`maxInFlightPerEndpoint: auto` (the default): the router learns the engine's batch
+    capacity (here --max-num-seqs 2) from the scraped running / waiting counts and keeps the
+    excess of a flood in its fair queue, so that the engine's own queue stays near one."""
+    sim = harness.start_simulator(tmp_path, engines=1, extra_args=["--max-num-seqs", "2"])
+    keys = ah.write_keys_file(tmp_path / "auth" / "keys.yaml", KEYS)
+    rc = ah.write_router_config(tmp_path / "auth" / "router.yaml", ah.auth_section(keys), fairness={})
+    config = harness.write_config(tmp_path / "cfg" / "routes.yaml", harness.engine_config(sim.ports))
+    router = harness.start_router(config, tmp_path, extra_args=["--router-config", str(rc),
+                                                                "--scrape-interval-s", "0.2"])
+    client = _client(router, "sk-heavy-0123456789")
+    engine_url = sim.urls[0]
+    samples: list[tuple[float, float, float, float]] = []  # (t, engine waiting, router in flight, router queue)
+
+    async def flood(until: float) -> None:
+        while time.monotonic() < until:
+            await client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=48)
+
+    async def watch(until: float) -> None:
+        async with httpx.AsyncClient(timeout=10) as http:
+            while (t := time.monotonic()) < until:
+                fams = harness.parse_metrics((await http.get(f"{engine_url}/metrics")).text)
+                waiting = harness.metric_value(fams, "vllm:num_requests_waiting")
+                text = await asyncio.to_thread(router.metrics_text)
+                rf = harness.parse_metrics(text)
+                samples.append((t, waiting, harness.metric_value(rf, "kthena_router_fairness_queue_inflight"),
+                                harness.metric_value(rf, "kthena_router_fairness_queue_size")))
+                await asyncio.sleep(0.1)
+
+    async def run() -> float:
+        t0 = time.monotonic()
+        end = t0 + 8
+        await asyncio.gather(watch(end), *(flood(end) for _ in range(8)))
+        return t0
+
+    try:
+        t0 = asyncio.run(run())
+        queued = _metric(router, "kthena_router_fairness_admitted_total", path="queued")
+    finally:
+        router.stop()
+        sim.stop()
+    late = [s for s in samples if s[0] >= t0 + 3]  # after the first burst taught the router
+    print(f"engine waiting max {max(s[1] for s in late)}, router in flight max {max(s[2] for s in late)}, "
+          f"router queue max {max(s[3] for s in late)}; queued admissions {queued}")
+    assert queued > 0 and len(late) >= 10
+    assert max(s[2] for s in late) <= 3  # 1 + the engine's running count (2) while it had waiting requests
+    assert max(s[3] for s in late) >= 4  # the other clients wait in the router
+    assert max(s[1] for s in late) <= 1  # the engine's own queue: about one request
