@@ -10,7 +10,7 @@ from typing import Any
 
 import harness
 import k8s_harness
-from controller_support import Api, start_controller, template
+from controller_support import Api, controller_namespace, template
 
 API = "workload.serving.volcano.sh/v1alpha1"
 MERGE = {"Content-Type": "application/merge-patch+json"}
@@ -94,13 +94,6 @@ def ready_reason(p: Obj) -> str:
 def scaler_namespace(cp: k8s_harness.ControlPlane, tmp: Any, tag: str, extra: list[str],
                      period: str = "0.3") -> Iterator[ScalerApi]:
     ns = f"autoscaler-{tag}-{secrets.token_hex(3)}"
-    cp.kubectl("create", "namespace", ns)
-    ctl = start_controller(cp, ns, tmp, f"autoscaler-{tag}", extra=["--autoscaler-period", period, *extra])
-    a = ScalerApi(cp, ns)
-    try:
+    with controller_namespace(cp, ns, tmp, f"autoscaler-{tag}", ScalerApi,
+                              extra=["--autoscaler-period", period, *extra]) as a:
         yield a
-        assert ctl.alive(), ctl.tail()
-    finally:
-        a.close()
-        ctl.stop()
-        cp.kubectl("delete", "namespace", ns, "--wait=false")

@@ -3,8 +3,10 @@ real process (python -m controller), ModelServing documents, pod/Service reads, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,25 @@ def start_controller(cp: k8s_harness.ControlPlane, ns: str, log_dir: Path, ident
         "--leader-elect-namespace", ns, "--leader-elect-identity", identity, "--workers", "2",
         "--leader-elect-lease-duration", str(duration), "--leader-elect-renew-deadline", str(deadline),
         "--leader-elect-retry-period", str(retry), *serve, *(extra or [])], log_dir)
+
+
+@contextlib.contextmanager
+def controller_namespace(cp: k8s_harness.ControlPlane, ns: str, log_dir: Path, identity: str,
+                         make_api: Callable[[k8s_harness.ControlPlane, str], Any] | None = None,
+                         extra: list[str] | None = None) -> Iterator[Any]:
+    """A test module's namespace with a controller process watching it: yields the module's
+    Api (`make_api(cp, ns)`, default Api); at the end the controller must still be alive,
+    then the controller stops and the namespace goes."""
+    cp.kubectl("create", "namespace", ns)
+    ctl = start_controller(cp, ns, log_dir, identity, extra=extra)
+    a = (make_api or Api)(cp, ns)
+    try:
+        yield a
+        assert ctl.alive(), ctl.tail()
+    finally:
+        a.close()
+        ctl.stop()
+        cp.kubectl("delete", "namespace", ns, "--wait=false")
 
 
 def controller_metric(port: int, name: str, **labels: str) -> float:

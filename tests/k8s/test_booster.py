@@ -17,7 +17,7 @@ import pytest
 import harness
 import k8s_harness
 from controller.booster import convert, desired, names
-from controller_support import Api, condition, start_controller
+from controller_support import Api, condition, controller_namespace
 from k8s_crds import install_crds
 
 NS = "booster-test"
@@ -110,16 +110,8 @@ class BoosterApi(Api):
 @pytest.fixture(scope="module")
 def api(control_plane: k8s_harness.ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BoosterApi]:
     install_crds(control_plane)
-    control_plane.kubectl("create", "namespace", NS)
-    ctl = start_controller(control_plane, NS, tmp_path_factory.mktemp("booster"), "booster-a")
-    a = BoosterApi(control_plane, NS)
-    try:
+    with controller_namespace(control_plane, NS, tmp_path_factory.mktemp("booster"), "booster-a", BoosterApi) as a:
         yield a
-        assert ctl.alive(), ctl.tail()
-    finally:
-        a.close()
-        ctl.stop()
-        control_plane.kubectl("delete", "namespace", NS, "--wait=false")
 
 
 def owner_of(obj: Obj) -> Obj:

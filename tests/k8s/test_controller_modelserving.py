@@ -14,7 +14,7 @@ import pytest
 
 import harness
 import k8s_harness
-from controller_support import LABEL_GROUP, Api, condition, env, modelserving, start_controller, template
+from controller_support import Api, LABEL_GROUP, condition, controller_namespace, env, modelserving, template
 from k8s_crds import install_crds
 
 NS = "controller-ms"
@@ -37,16 +37,8 @@ WEB_ROLES = [{"name": "web", "replicas": 1, "workerReplicas": 0, "entryTemplate"
 @pytest.fixture(scope="module")
 def api(control_plane: k8s_harness.ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     install_crds(control_plane)
-    control_plane.kubectl("create", "namespace", NS)
-    ctl = start_controller(control_plane, NS, tmp_path_factory.mktemp("controller"), "ctl-a")
-    a = Api(control_plane, NS)
-    try:
+    with controller_namespace(control_plane, NS, tmp_path_factory.mktemp("controller"), "ctl-a") as a:
         yield a
-        assert ctl.alive(), ctl.tail()
-    finally:
-        a.close()
-        ctl.stop()
-        control_plane.kubectl("delete", "namespace", NS, "--wait=false")
 
 
 def test_creates_kthena_pods_services_and_status(api: Api) -> None:

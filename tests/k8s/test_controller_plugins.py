@@ -10,7 +10,7 @@ import pytest
 
 import harness
 import k8s_harness
-from controller_support import Api, condition, env, modelserving, start_controller, template
+from controller_support import Api, condition, controller_namespace, env, modelserving, template
 
 NS = "controller-plugins"
 ROLES = [{"name": "web", "replicas": 1, "workerReplicas": 1, "entryTemplate": template("w:1"),
@@ -22,16 +22,8 @@ TWEAKS = {"name": "demo-pod-tweaks", "type": "BuiltIn",
 
 @pytest.fixture(scope="module")
 def api(control_plane: k8s_harness.ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    control_plane.kubectl("create", "namespace", NS)
-    ctl = start_controller(control_plane, NS, tmp_path_factory.mktemp("controller"), "ctl-plugins")
-    a = Api(control_plane, NS)
-    try:
+    with controller_namespace(control_plane, NS, tmp_path_factory.mktemp("controller"), "ctl-plugins") as a:
         yield a
-        assert ctl.alive(), ctl.tail()
-    finally:
-        a.close()
-        ctl.stop()
-        control_plane.kubectl("delete", "namespace", NS, "--wait=false")
 
 
 def test_plugins_mutate_the_pods_they_are_scoped_to(api: Api) -> None:

@@ -24,7 +24,7 @@ import pytest
 import harness
 import k8s_harness
 import volcano_crds
-from controller_support import Api, modelserving, start_controller
+from controller_support import Api, controller_namespace, modelserving
 
 NS = "controller-gang"
 PG = f"/apis/{volcano_crds.GROUP_VERSION}/namespaces/{NS}/podgroups"
@@ -87,16 +87,11 @@ class GangApi(Api):
 @pytest.fixture(scope="module")
 def api(control_plane: k8s_harness.ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GangApi]:
     volcano_crds.uninstall(control_plane)  # start without Volcano (the session never installs it)
-    control_plane.kubectl("create", "namespace", NS)
-    ctl = start_controller(control_plane, NS, tmp_path_factory.mktemp("controller"), "ctl-gang")
-    a = GangApi(control_plane, NS)
     try:
-        yield a
-        assert ctl.alive(), ctl.tail()
+        with controller_namespace(control_plane, NS, tmp_path_factory.mktemp("controller"), "ctl-gang",
+                                  GangApi) as a:
+            yield a
     finally:
-        a.close()
-        ctl.stop()
-        control_plane.kubectl("delete", "namespace", NS, "--wait=false")
         volcano_crds.uninstall(control_plane)  # later modules expect plain pods
 
 

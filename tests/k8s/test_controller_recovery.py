@@ -19,7 +19,7 @@ import pytest
 
 import harness
 import k8s_harness
-from controller_support import Api, modelserving, start_controller, template
+from controller_support import Api, controller_namespace, modelserving, template
 from k8s_crds import install_crds
 
 NS = "controller-recovery"
@@ -34,16 +34,8 @@ def control_plane(controller_cluster: k8s_harness.ControlPlane) -> k8s_harness.C
 @pytest.fixture(scope="module")
 def api(control_plane: k8s_harness.ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     install_crds(control_plane)
-    control_plane.kubectl("create", "namespace", NS)
-    ctl = start_controller(control_plane, NS, tmp_path_factory.mktemp("controller"), "ctl-rec")
-    a = Api(control_plane, NS)
-    try:
+    with controller_namespace(control_plane, NS, tmp_path_factory.mktemp("controller"), "ctl-rec") as a:
         yield a
-        assert ctl.alive(), ctl.tail()
-    finally:
-        a.close()
-        ctl.stop()
-        control_plane.kubectl("delete", "namespace", NS, "--wait=false")
 
 
 class Deletions:
