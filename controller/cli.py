@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between two evaluations of a policy (Kthena: 15)")
     p.add_argument("--autoscaler-scrape-timeout", type=float, default=3.0,
                    help="seconds for one pod metrics scrape or Prometheus query")
+    p.add_argument("--router-metrics-url", action="append", default=[], metavar="URL",
+                   help="a router's /metrics page (repeat for every router replica): router: policy metrics "
+                        "and the pending-requests wake signal (scale from zero)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     # probes and metrics (controller/metrics.py); 0 turns one off, equal ports share a server
     p.add_argument("--bind-address", default="127.0.0.1",
@@ -89,10 +92,14 @@ def _lease_namespace(flag: str) -> str:
 def _autoscaler(args: argparse.Namespace, config: type[AutoscalerConfig]) -> AutoscalerConfig | None:
     """The autoscaler's settings from the flags (None: --autoscaler=false)."""
     if not args.autoscaler:
+        if args.router_metrics_url:
+            raise ValueError("--router-metrics-url is read by the autoscaler: not with --autoscaler=false")
         return None
     if args.autoscaler_period <= 0 or args.autoscaler_scrape_timeout <= 0:
         raise ValueError("--autoscaler-period and --autoscaler-scrape-timeout must be > 0")
-    return config(args.autoscaler_dry_run, args.autoscaler_period, args.autoscaler_scrape_timeout)
+    from .autoscaler.router_source import validate_router_url
+    urls = tuple(dict.fromkeys(validate_router_url(u) for u in args.router_metrics_url))
+    return config(args.autoscaler_dry_run, args.autoscaler_period, args.autoscaler_scrape_timeout, urls)
 
 
 async def _run(args: argparse.Namespace) -> int:

@@ -42,6 +42,7 @@ class AutoscalerConfig:
     dry_run: bool = False  # log and report decisions, write no replicas
     period_s: float = PERIOD_S  # seconds between two rounds of a policy
     scrape_timeout_s: float = 3.0
+    router_metrics_urls: tuple[str, ...] = ()  # routers' /metrics pages: router: metrics, wake signal
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ class Manager:
         # the autoscaler reads the ModelServings and pods from the informers above
         self.autoscaler = (AutoscalerController(api, namespace, self.writer, self.informers,
                                                 dry_run=autoscaler.dry_run, period_s=autoscaler.period_s,
-                                                scrape_timeout_s=autoscaler.scrape_timeout_s)
+                                                scrape_timeout_s=autoscaler.scrape_timeout_s,
+                                                router_urls=autoscaler.router_metrics_urls)
                            if autoscaler is not None else None)
         self._informers_task: asyncio.Task[object] | None = None
         self.probes: ProbeServer | None = None

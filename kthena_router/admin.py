@@ -40,6 +40,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from kthena_router import worker_status
 from kthena_router.debug_socket import socket_path
+from kthena_router.metrics import KV_USAGE_METRIC
 from kthena_router.config.errors import ConfigError
 from kthena_router.config.loader import load_config_file
 from kthena_router.config.model import RouterConfig
@@ -56,6 +57,20 @@ ADMIN_RELOADS = Counter(
     "Config reloads by outcome; trigger=admin: POST /admin/reload (counted once by the parent)",
     ["result", "trigger"],
 )
+
+class _KnownOnly:
+    """The workers' metrics without the KV-usage series they marked unknown (metrics.py:
+    a multiprocess series cannot be deleted, so "unknown" is a sentinel value)."""
+
+    def __init__(self, inner: multiprocess.MultiProcessCollector) -> None:
+        self.inner = inner
+
+    def collect(self) -> Any:
+        for metric in self.inner.collect():
+            if metric.name == KV_USAGE_METRIC:
+                metric.samples = [s for s in metric.samples if s.value >= 0]
+            yield metric
+
 
 REDACTED = "<redacted>"
 
@@ -223,7 +238,7 @@ class AdminServer:
 
     async def metrics(self, request: web.Request) -> web.Response:
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=self.settings.prometheus_dir)
+        registry.register(_KnownOnly(multiprocess.MultiProcessCollector(None, path=self.settings.prometheus_dir)))
         body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

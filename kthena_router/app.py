@@ -28,6 +28,7 @@ from starlette.routing import Route
 from kthena_router.access_log import AccessLog
 from kthena_router.config.loader import load_config_file
 from kthena_router.config.provider_settings import DEFAULT_PROVIDER_SETTINGS
+from kthena_router.config.scale_from_zero import DEFAULT_SCALE_FROM_ZERO
 from kthena_router.config.traffic import DEFAULT_TRAFFIC, TrafficSettings
 from kthena_router.config.watcher import ConfigWatcher
 from kthena_router.config_applier import ConfigApplier
@@ -36,6 +37,7 @@ from kthena_router.endpoints.balancer import Balancer, RoundRobinBalancer
 from kthena_router.endpoints.health import HealthProber
 from kthena_router.endpoints.registry import EndpointRegistry
 from kthena_router.endpoints.selection import EndpointSelector
+from kthena_router.engine_state.kv_usage import KvUsagePublisher
 from kthena_router.engine_state.scraper import EngineStateScraper
 from kthena_router.errors import RequestError, error_body, error_response, send_error
 from kthena_router.fairness.config import FairnessSettings
@@ -131,6 +133,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                 registry.apply_policies(state.targets)
             identity.install(rc.auth)
             forwarder.fairness = fairness.install(rc.fairness)
+            forwarder.zero_hold.on_state(state)  # scaleFromZero may have changed
 
         reloader.on_install = installed
         balancer = reloader.balancer
@@ -173,9 +176,15 @@ def create_app(settings: RouterSettings | None = None) -> Any:
     applier.after_swap.append(lambda state: external.on_config(state.config.providers))
     applier.after_swap.append(pool_pruner(lambda: pool.h1, external.live))
     applier.after_swap.append(pd_pairer.on_state)
+    forwarder.zero_hold.settings = lambda: (  # scaleFromZero; state installs release held requests
+        rc.scale_from_zero if (rc := router_config.current) is not None else DEFAULT_SCALE_FROM_ZERO)
+    applier.after_swap.append(forwarder.zero_hold.on_state)
     if reloader is not None:
         reloader.on_traffic = applier.set_traffic
         reloader.pd_pairer = pd_pairer
+        kv_usage = KvUsagePublisher(metrics)  # the scraper runs only with a router configuration
+        applier.after_swap.append(kv_usage.on_state)
+        reloader.snapshot_listeners.append(kv_usage.on_snapshot)
     gc_monitor = GcMonitor(metrics.registry)
     loop_lag = LoopLagSampler(metrics.registry, on_tick=[gc_monitor.flush])
 

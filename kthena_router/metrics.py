@@ -35,6 +35,12 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 
 PLUGIN_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2)
 MATCH_RATIO_BUCKETS = (0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)  # Kthena's
 TPOT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+# kthena_router_endpoint_kv_cache_usage: a worker that does not know an endpoint's usage (or
+# no longer routes to it) writes this value; the admin server leaves such series out, since
+# multiprocess mode cannot delete a series from a worker's file. livemax: any worker that
+# knows the value wins over one that does not.
+KV_USAGE_METRIC = "kthena_router_endpoint_kv_cache_usage"
+KV_UNKNOWN = -1.0
 
 
 def ensure_multiprocess(prometheus_dir: str) -> None:
@@ -230,6 +236,8 @@ class RouterMetrics:
                 fam = self._families[key[0]]
                 pos = fam[1]
                 if pos >= 0 and key[1 + pos] in endpoints:
+                    if fam[0]._name == KV_USAGE_METRIC:  # the file keeps the last value: mark it unknown
+                        self._children[key].set(KV_UNKNOWN)
                     fam[0].remove(*key[1:])
                     del self._children[key]
 
@@ -268,3 +276,46 @@ class RouterMetrics:
                 "Session-affinity store calls that failed (the request was scheduled without affinity)",
                 ["backend", "op"], registry=self.registry)
         self._child(family, (backend, op)).inc()
+
+    # --- the autoscaler's router signals (docs/autoscaler.md "router:" metrics), kept last
+    def _signal_families(self) -> tuple[Any, Any]:
+        fams = self.__dict__.get("_signals")
+        if fams is None:
+            fams = self._signals = (
+                Counter("kthena_router_endpoint_tokens_total",
+                        "Tokens per endpoint from the engines' usage (input = prompt, output = completion; "
+                        "prefill/decode: input at the prefill endpoint, output at the decode endpoint)",
+                        ["model_server", "endpoint", "token_type"], registry=self.registry),
+                Gauge(KV_USAGE_METRIC,
+                      "KV-cache usage (0..1) of the endpoint from the router's own engine scrape "
+                      "(largest over workers; absent when unknown)",
+                      ["model_server", "endpoint"], multiprocess_mode="livemax", registry=self.registry))
+        return fams
+
+    def observe_endpoint_tokens(self, server: str, endpoint: str, input_endpoint: str,
+                                prompt: int | None, completion: int | None) -> None:
+        """kthena_router_endpoint_tokens_total; `input_endpoint` is where the prompt was
+        computed when it is not `endpoint` (the prefill hop of a PD pair), else ""."""
+        if not endpoint:
+            return
+        fam = self._signal_families()[0]
+        if prompt:
+            self._child(fam, (server, input_endpoint or endpoint, "input")).inc(prompt)
+        if completion:
+            self._child(fam, (server, endpoint, "output")).inc(completion)
+
+    def set_kv_usage(self, server: str, endpoint: str, usage: float | None) -> None:
+        """kthena_router_endpoint_kv_cache_usage; None (unknown) writes the sentinel the
+        admin server leaves out (a multiprocess series cannot be deleted)."""
+        self._child(self._signal_families()[1], (server, endpoint)).set(KV_UNKNOWN if usage is None else usage)
+
+    def pending(self, model: str, server: str) -> Any:
+        """kthena_router_pending_requests{model,model_server}: requests held while the
+        ModelServer has no endpoint (scale from zero), summed over live workers."""
+        fam = self.__dict__.get("pending_requests")
+        if fam is None:
+            fam = self.pending_requests = Gauge(
+                "kthena_router_pending_requests",
+                "Requests held because the ModelServer has zero endpoints (waiting for a scale from zero)",
+                ["model", "model_server"], multiprocess_mode="livesum", registry=self.registry)
+        return self._child(fam, (model, server))

@@ -152,6 +152,7 @@ class RouterConfigReloader:
         self.balancer = SwitchingBalancer(self.scheduling.scheduler)
         self.scraper: EngineStateScraper | None = None
         self.pd_pairer: PdPairer | None = None  # follows the pd section and the engine snapshots
+        self.snapshot_listeners: list[Callable[[EndpointSnapshot], None]] = []  # e.g. the KV-usage gauge
         # called with the new traffic section when a reload changes it (re-resolves servers)
         self.on_traffic: Callable[[TrafficSettings], None] | None = None
         self._latest = 0  # ticket of the newest configuration received
@@ -176,6 +177,8 @@ class RouterConfigReloader:
         self.scheduling.scheduler.on_snapshot(snap)
         if self.pd_pairer is not None:
             self.pd_pairer.on_snapshot(snap)
+        for listener in self.snapshot_listeners:
+            listener(snap)
 
     def on_state(self, state: RouterState) -> None:
         """After every routing-state install: reconcile scorers and index, scrape exactly

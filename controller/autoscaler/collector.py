@@ -11,6 +11,8 @@ sources -> an `Observation` for the algorithm.
   did not report (the algorithm's missing_pods: assumed on target when scaling down, idle
   when scaling up).
 - Prometheus sources give one external value for the target.
+- `router:` metrics come from the routers' pages (router_source.py, router_metrics.py): per
+  pod, the target's ready entry pods matched by IP to the routers' endpoints.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import aiohttp
 
 from .metrics import MetricSample, Observation
 from .prometheus import PrometheusError, query
+from .router_metrics import router_samples, split_metrics
+from .router_source import RouterSnapshot, RouterSource
 from .scrape import ScrapeFailed, candidates, fetch_page, read_metrics
 from .targets import metric_pods
 
@@ -78,9 +82,10 @@ def _url(ip: str, port: int, uri: str) -> str:
 
 
 class Collector:
-    def __init__(self, timeout_s: float = 3.0) -> None:
+    def __init__(self, timeout_s: float = 3.0, router: RouterSource | None = None) -> None:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(1.0, timeout_s))
         self._session: aiohttp.ClientSession | None = None
+        self.router = router  # None: no --router-metrics-url
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -95,11 +100,23 @@ class Collector:
             await self._session.close()
             self._session = None
 
+    async def router_snapshot(self) -> RouterSnapshot | None:
+        """The routers' latest snapshot (shared by the rounds within its interval)."""
+        if self.router is None:
+            return None
+        return await self.router.snapshot(self.session, self.timeout)
+
     async def observe(self, pods: list[Obj], namespace: str, ms_name: str, role: str | None,
                       metrics: Iterable[str], sources: Mapping[str, Any] | None) -> Observation:
-        groups, prom = plan_sources(metrics, sources)
+        local, routed = split_metrics(metrics)
+        groups, prom = plan_sources(local, sources)
         samples: dict[str, MetricSample] = {}
         unready: set[str] = set()
+        if routed:
+            podset = metric_pods(pods, namespace, ms_name, role, None)
+            unready.update(podset.unready)
+            if podset.ready:
+                samples.update(router_samples(routed, [ip for _, ip in podset.ready], await self.router_snapshot()))
         results = await asyncio.gather(*(self._group(pods, namespace, ms_name, role, g) for g in groups),
                                        *(self._prom(k, s) for k, s in prom.items()))
         for res in results[:len(groups)]:

@@ -14,6 +14,11 @@
   only when they change (targets.py), then the status (status.py) when it changed.
 - Dry run: the decision is logged and written to the status (Ready reason DryRun, message
   "dry run: would scale ..."); the replicas are not written.
+- Routers (`--router-metrics-url`): `router:` policy metrics are read from their pages, and
+  every unit gets the wake signal `router:pending_requests` (router_metrics.py), the
+  requests the routers hold for the ModelServers (a small informer) that select the
+  target's pods. Without routers the wake signal is missing: minReplicas 0 never brings a
+  target down to zero (it could not come back).
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ from datetime import datetime, timezone
 from typing import Any
 
 from controller import mergepatch
+from controller import naming as n
 from controller.informers import Informers
 from controller.kubeapi import Conflict, Writer, object_path
 from controller.workqueue import WorkQueue, run_worker
 from kthena_router.api.autoscalingpolicy import AUTOSCALING_POLICY
+from kthena_router.api.modelserver import MODEL_SERVER
 from kthena_router.api.modelserving import MODEL_SERVING
 from kthena_router.kube.client import ApiError, KubeApi
 from kthena_router.kube.reflector import Reflector, Resource
@@ -39,7 +46,9 @@ from .disaggregated import recommend_disaggregated
 from .heterogeneous import recommend_heterogeneous
 from .metrics import Observation
 from .policy import Policy, PolicyError, parse_policy
-from .recommend import ScalerState, recommend_homogeneous
+from .recommend import ScalerState, Wake, recommend_homogeneous
+from .router_metrics import WAKE_METRIC, router_metric_error, selecting_servers, woken
+from .router_source import RouterSource
 from .status import Round, Scaled, desired_status
 from .targets import TargetError, current_replicas, role_replicas, roles_patch, scale_patch
 
@@ -51,6 +60,8 @@ Key = tuple[str, str]
 Obj = dict[str, Any]
 
 PERIOD_S = 15.0  # Kthena's AutoscalingSyncPeriodSeconds
+# Every unit has the wake signal; it is missing without routers (then never down to zero)
+WAKE = Wake(WAKE_METRIC)
 RETRY_CONFLICT_S = 1.0  # a role patch refused because the ModelServing changed: look again soon
 _MAX_MESSAGE = 1000
 
@@ -79,14 +90,24 @@ class AutoscalerController:
     def __init__(self, api: KubeApi, namespace: str, writer: Writer, informers: Informers, *,
                  dry_run: bool = False, period_s: float = PERIOD_S, scrape_timeout_s: float = 3.0,
                  clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
-                 watch_timeout_s: float = 300.0) -> None:
+                 watch_timeout_s: float = 300.0, router_urls: tuple[str, ...] = ()) -> None:
         self.writer = writer
         self.informers = informers
         self.dry_run = dry_run
         self.period = max(0.1, period_s)
         self.clock = clock
         self.queue: WorkQueue[Key] = WorkQueue()
-        self.collector = Collector(scrape_timeout_s)
+        # one router fetch serves every round within a quarter period; rates span >= half a period
+        router = (RouterSource(router_urls, min_interval_s=min(1.0, self.period / 4), min_rate_s=self.period / 2,
+                               clock=lambda: asyncio.get_running_loop().time())
+                  if router_urls else None)
+        self.collector = Collector(scrape_timeout_s, router)
+        self.servers: Reflector | None = None  # ModelServers, only with routers (the wake signal)
+        if router_urls:
+            self.servers = Reflector(
+                api, Resource("modelservers", _path(namespace, MODEL_SERVER.api_version, MODEL_SERVER.plural), {}),
+                lambda: None, lambda resource, reason: log.debug("informer %s: %s", resource, reason),
+                watch_timeout_s=watch_timeout_s)
         self.policies = Reflector(
             api, Resource("autoscalingpolicies", _path(namespace, AUTOSCALING_POLICY.api_version,
                                                          AUTOSCALING_POLICY.plural), {}),
@@ -98,10 +119,12 @@ class AutoscalerController:
     # --- wiring -----------------------------------------------------------------------------
     @property
     def synced(self) -> bool:
-        return self.policies.synced
+        return self.policies.synced and (self.servers is None or self.servers.synced)
 
     def run_informers(self) -> asyncio.Task[None]:
-        return asyncio.create_task(self.policies.run(), name="autoscaler informer")
+        async def run() -> None:
+            await asyncio.gather(self.policies.run(), *([self.servers.run()] if self.servers is not None else []))
+        return asyncio.create_task(run(), name="autoscaler informers")
 
     def start_workers(self, workers: int) -> list[asyncio.Task[None]]:
         for key in list(self.policies.store):
@@ -155,6 +178,7 @@ class AutoscalerController:
         again: float | None = self.period
         try:
             policy = parse_policy(obj.get("spec") or {})
+            self._check_router_metrics(obj.get("spec") or {}, policy)
         except PolicyError as exc:
             rnd = Round(False, "InvalidPolicy", str(exc), None)
         else:
@@ -174,6 +198,40 @@ class AutoscalerController:
         if policy.heterogeneous is not None:
             return await self._heterogeneous(key, spec, policy, state, now)
         return await self._disaggregated(key, spec, policy, state, now)
+
+    def _check_router_metrics(self, spec: Obj, policy: Policy) -> None:
+        """PolicyError for router: metrics this controller cannot read (router_metrics.py)."""
+        configured = self.collector.router is not None
+        checks: list[tuple[object, object, str]] = []
+        if policy.homogeneous is not None:
+            t = (spec.get("homogeneousTarget") or {}).get("target") or {}
+            checks.append((policy.metrics, t.get("metricSources"), "spec.homogeneousTarget"))
+        if policy.heterogeneous is not None:
+            for i, raw in enumerate((spec.get("heterogeneousTarget") or {}).get("params") or []):
+                checks.append((policy.metrics, ((raw or {}).get("target") or {}).get("metricSources"),
+                               f"spec.heterogeneousTarget.params[{i}]"))
+        if policy.disaggregated is not None:
+            raw_roles = (spec.get("disaggregatedTarget") or {}).get("roles") or {}
+            for role, param in sorted(policy.disaggregated.roles.items()):
+                checks.append((param.metrics if not param.fixed else {},
+                               (raw_roles.get(role) or {}).get("metricSources"),
+                               f"spec.disaggregatedTarget.roles.{role}"))
+        for metrics, sources, where in checks:
+            error = router_metric_error(metrics, sources, where, configured)  # type: ignore[arg-type]
+            if error:
+                raise PolicyError(error)
+
+    async def _woken(self, ns: str, ms: Obj, obs: Observation) -> Observation:
+        """`obs` with the wake signal: the pending requests of the ModelServers that select
+        this ModelServing's pods (absent without routers, or when not known)."""
+        if self.servers is None:
+            return obs
+        snapshot = await self.collector.router_snapshot()
+        name = (ms.get("metadata") or {}).get("name")
+        own = [p for p in self._pods() if (p.get("metadata") or {}).get("namespace") == ns
+               and ((p.get("metadata") or {}).get("labels") or {}).get(n.LABEL_NAME) == name
+               and ((p.get("metadata") or {}).get("labels") or {}).get(n.LABEL_ENTRY) == n.ENTRY]
+        return woken(obs, snapshot, selecting_servers(self.servers.store.values(), ns, ms, own))
 
     def _target(self, namespace: str, name: str) -> Obj | None:
         ms = self.informers.modelserving((namespace, name))
@@ -216,7 +274,8 @@ class AutoscalerController:
         current = current_replicas(ms)
         sources = ((spec.get("homogeneousTarget") or {}).get("target") or {}).get("metricSources")
         obs = await self.collector.observe(self._pods(), ns, t.name, None, policy.metrics, sources)
-        rec, new_state = recommend_homogeneous(policy, state.homogeneous, obs, current, now)
+        obs = await self._woken(ns, ms, obs)
+        rec, new_state = recommend_homogeneous(policy, state.homogeneous, obs, current, now, WAKE)
         reason, message = self._verdict(key, f"ModelServing {t.name}", current, rec.replicas, rec.reason, rec.skipped)
         wrote = False
         if not rec.skipped and rec.replicas != current and not self.dry_run:
@@ -243,9 +302,10 @@ class AutoscalerController:
             current[mkey] = current_replicas(ms)
             where[mkey] = (ns, p.target.name)
             sources = ((raw_params[i] if i < len(raw_params) else {}).get("target") or {}).get("metricSources")
-            observations[mkey] = await self.collector.observe(self._pods(), ns, p.target.name, None,
-                                                              policy.metrics, sources)
-        res, new_state = recommend_heterogeneous(policy, state.heterogeneous, observations, current, now, key[0])
+            observations[mkey] = await self._woken(ns, ms, await self.collector.observe(
+                self._pods(), ns, p.target.name, None, policy.metrics, sources))
+        res, new_state = recommend_heterogeneous(policy, state.heterogeneous, observations, current, now, key[0],
+                                                 WAKE)
         total = sum(current.values())
         reason, message = self._verdict(key, "the heterogeneous set", total, res.total.replicas, res.total.reason,
                                         res.total.skipped)
@@ -281,9 +341,10 @@ class AutoscalerController:
         for role, param in sorted(d.roles.items()):
             if param.fixed:
                 continue
-            observations[role] = await self.collector.observe(
-                self._pods(), ns, name, role, param.metrics, (raw_roles.get(role) or {}).get("metricSources"))
-        res, new_states = recommend_disaggregated(policy, state.roles, observations, current, now)
+            observations[role] = await self._woken(ns, ms, await self.collector.observe(
+                self._pods(), ns, name, role, param.metrics, (raw_roles.get(role) or {}).get("metricSources")))
+        res, new_states = recommend_disaggregated(policy, state.roles, observations, current, now,
+                                                  {role: WAKE for role in d.roles})
         before = ", ".join(f"{r}={current[r]}" for r in sorted(current))
         after = ", ".join(f"{r.name}={r.replicas}" for r in res.roles)
         why = res.reason or "; ".join(f"{r.name}: {r.reason}" for r in res.roles if r.reason)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from .duration import parse_duration
 from .errors import ConfigProblem
-from .model import StringMatch
+from .model import DEFAULT_NAMESPACE, StringMatch
 
 __all__ = [
     "Ctx", "ErrorSink", "check_duration", "check_enum", "check_int", "check_labels", "check_list",
@@ -82,6 +82,30 @@ def check_mapping(
         if v.get(k) is None:
             c.err(join_path(path, k), "required field is missing")
     return v
+
+
+def named_overrides(c: ErrorSink, raw: Any, path: str, kind: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """The entries of a router-configuration mapping of per-object overrides keyed "name"
+    (namespace default) or "namespace/name": (key "namespace/name", field path, the entry as
+    a mapping; null = {}). Bad keys and non-mapping entries are reported and skipped."""
+    if raw is None:
+        return
+    if not isinstance(raw, dict):
+        c.err(path, f"must be a mapping of {kind} name to settings, got {type_name(raw)}")
+        return
+    for name, item in raw.items():
+        p = join_path(path, str(name))
+        if not isinstance(name, str) or not name or name.count("/") > 1 or name.startswith("/") \
+                or name.endswith("/"):
+            hint = " (YAML read this key as a boolean or number: quote it)" if not isinstance(name, str) else ""
+            c.err(p, f"key must be {'an' if kind[0] in 'AEIOU' else 'a'} {kind} name or namespace/name{hint}")
+            continue
+        if item is None:
+            item = {}
+        if not isinstance(item, dict):
+            c.err(p, f"must be a mapping, got {type_name(item)}")
+            continue
+        yield (name if "/" in name else f"{DEFAULT_NAMESPACE}/{name}"), p, item
 
 
 def check_str(c: ErrorSink, v: Any, path: str, *, allow_empty: bool = False) -> str | None:

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .checks import check_duration, check_int, check_mapping, check_str, join_path, type_name
+from .checks import check_duration, check_int, check_mapping, check_str, join_path, named_overrides
 from .traffic import _TIMEOUT_KEYS, Collector, Timeouts, _struct  # the traffic section's value rules
 
 __all__ = ["DEFAULT_PROVIDER_SETTINGS", "ExternalProvidersSettings", "ProviderSettings", "parse_external_providers"]
@@ -76,19 +76,9 @@ def parse_external_providers(c: Collector, v: Any, base_dir: Path,
         return DEFAULT_PROVIDER_SETTINGS
     defaults = _settings(c, ProviderSettings(), m, path, base_dir)
     overrides: dict[str, ProviderSettings] = {}
-    raw = m.get("providers")
-    if raw is not None and not isinstance(raw, dict):
-        c.err(f"{path}.providers", f"must be a mapping of ExternalModelProvider name to settings, got {type_name(raw)}")
-        raw = None
-    for name, item in (raw or {}).items():
-        p = join_path(f"{path}.providers", str(name))
-        if not isinstance(name, str) or not name or name.count("/") > 1:
-            c.err(p, "key must be an ExternalModelProvider name or namespace/name")
-            continue
-        im = check_mapping(c, item if item is not None else {}, p, _KEYS)
-        if im is None:
-            continue
-        overrides[name if "/" in name else f"default/{name}"] = _settings(c, defaults, im, p, base_dir)
+    for key, p, item in named_overrides(c, m.get("providers"), join_path(path, "providers"), "ExternalModelProvider"):
+        if check_mapping(c, item, p, _KEYS) is not None:
+            overrides[key] = _settings(c, defaults, item, p, base_dir)
     return ExternalProvidersSettings(defaults, MappingProxyType(overrides))
 
 

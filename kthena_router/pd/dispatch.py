@@ -141,6 +141,8 @@ class PdDispatcher:
                         await asyncio.sleep(server.retry_interval_s)
                 tried += 1
                 mode = TWO_HOP if pair.prefill is not None else DECODE_ONLY
+                # per-endpoint token counts: the prompt was computed by the prefill endpoint
+                x.input_endpoint = "" if pair.prefill is None else pair.prefill.key
                 if pair.prefill is None:
                     res = await self._decode(x, feedback, info, pair.decode, head, headers, bodies.plain_decode, "")
                 elif bootstrap:

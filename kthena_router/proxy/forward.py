@@ -51,12 +51,13 @@ from kthena_router.proxy.relay import Exchange, Message, Receive, Scope, Send
 from kthena_router.proxy.response_ids import ResponseIds, StoredAt
 from kthena_router.proxy.sse import StreamEnd
 from kthena_router.proxy.upstream import Response, UpstreamPool
+from kthena_router.proxy.zero_hold import ZeroHold
 from kthena_router.ratelimit.limiter import Limiter
 from kthena_router.routing.table import ExternalMatch, RouteMatch, RouteNotFound
 from kthena_router.scheduling.request import RequestInfo
 from kthena_router.session import Pin, SessionAffinity
 from kthena_router.settings import RouterSettings
-from kthena_router.state import StateHolder
+from kthena_router.state import RouterState, StateHolder
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,9 @@ class Forwarder:
         self.sticky = sticky or SessionAffinity(settings.runtime_dir, metrics, lambda: None)
         self.auth: Authenticator | None = None  # set by the identity service when auth is configured
         self.fairness: FairnessGate | None = None  # set while the router configuration enables fair queuing
+        # requests held while their ModelServer has no endpoint (scaleFromZero); app.py wires its
+        # settings and the state installs that release them
+        self.zero_hold = ZeroHold(metrics, settings.workers)
         # prefill/decode servers (kthena_router/pd): pairing, the `pd` section, the two-hop dispatch
         self.pd_pairer: PdPairer | None = None  # set by app.create_app
         self.pd_settings: Callable[[], PdSettings] = lambda: DEFAULT_PD
@@ -139,7 +143,9 @@ class Forwarder:
             admission = state.traffic.admission
             # requests waiting in the fair queue are bounded by its maxQueueLength, not here
             fq = self.fairness
-            busy = self.in_flight - fq.waiters if fq is not None else self.in_flight
+            busy = self.in_flight - self.zero_hold.held  # held ones are bounded by scaleFromZero.maxPending
+            if fq is not None:
+                busy -= fq.waiters
             if admission.max_in_flight_per_worker and busy >= admission.max_in_flight_per_worker:
                 await self._shed(scope, send, admission, t0)
                 return
@@ -218,19 +224,20 @@ class _Request(Exchange):
                     body: Any = _ById(raw, stored_at(self.fw.response_ids, api.response_id, "response_id").model)
                 else:
                     body = parse_body(raw, self.path)
-                try:
-                    match = state.table.match(body.model, RESPONSES_PATH if api.response_id else self.path,
-                                              self.header_map, self.fw.rng)
-                except RouteNotFound as exc:
-                    raise RequestError(404, exc.message, param="model") from None
+                match = self._match(state, api, body)
                 external = type(match) is ExternalMatch  # a third-party API: no pods (proxy/external.py)
                 targets = () if external else state.targets.get(match.server.key, ())
-                pinned = None if external else self._pinned(api, body, targets)
                 self.model_label = body.model
                 downstream = self.fw.metrics.downstream(body.model)
                 downstream.inc()
-                # Armed before any Redis wait: a client that leaves while we wait cancels us.
+                # Armed before any wait (hold, Redis): a client that leaves while we wait cancels us.
                 watch = self.watch = _Disconnect(receive)
+                # no endpoint at all: scaled to zero? (a stored response went with its engine: no wait)
+                if not targets and not external and not api.response_id:
+                    state, match = await self._hold_for_zero(state, api, body, match)
+                    external = type(match) is ExternalMatch
+                    targets = () if external else state.targets.get(match.server.key, ())
+                pinned = None if external else self._pinned(api, body, targets)
                 limiter = self.fw.limiter
                 if limiter is not None and (plan := limiter.plan(match.route, self.identity)) is not None:
                     self.rl = await plan.admit(self, body, self.identity)  # 429 / 400 / 503
@@ -292,6 +299,35 @@ class _Request(Exchange):
                 self.fw.response_ids.put(self.response_id, StoredAt(self.endpoint_label, self.model_label))
             if self.fw.access_log is not None:
                 self._log_access(duration)
+
+    def _match(self, state: RouterState, api: ApiPath, body: Any) -> RouteMatch | ExternalMatch:
+        try:
+            return state.table.match(body.model, RESPONSES_PATH if api.response_id else self.path,
+                                     self.header_map, self.fw.rng)
+        except RouteNotFound as exc:
+            raise RequestError(404, exc.message, param="model") from None
+
+    async def _hold_for_zero(self, state: RouterState, api: ApiPath, body: Any,
+                             match: RouteMatch) -> tuple[RouterState, RouteMatch | ExternalMatch]:
+        """The ModelServer has no endpoint: with scaleFromZero holding on, wait for a state in
+        which the request's (re-matched) target has one, up to the hold timeout (proxy/zero_hold.py).
+        Off: return as is (the executor answers 503 as before)."""
+        zh = self.fw.zero_hold
+        server = match.server
+        hs = zh.settings_for(server)
+        if not hs.enabled:
+            return state, match
+        label = f"{server.namespace}/{server.name}"
+        deadline = asyncio.get_running_loop().time() + hs.hold_timeout_s
+        with zh.hold(server, label, body.model, hs) as held:
+            while await held.next_change(deadline):
+                state = self.fw.holder.current or state
+                match = self._match(state, api, body)
+                if type(match) is ExternalMatch or state.targets.get(match.server.key):
+                    return state, match
+        raise RequestError(503, f"model `{body.model}` has no replicas: ModelServer {label} has no endpoint and "
+                                f"none appeared within the hold timeout ({hs.hold_timeout_s:g}s, "
+                                "scaleFromZero.holdTimeout)", code="no_replicas")
 
     def last_send(self) -> None:
         """From here on the response completes; a disconnect seen now must not cancel us

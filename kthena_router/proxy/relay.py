@@ -83,7 +83,8 @@ class Exchange:
     __slots__ = ("send", "metrics", "t0", "path", "path_label", "request_id", "model_label", "route_label",
                  "server_label", "endpoint_label", "status", "error_type", "committed", "stream", "inject",
                  "timeouts", "deadline", "first_token_at", "max_buffered", "att_t0", "att_ttft", "att_tpot",
-                 "att_prompt_tokens", "stream_end", "attempts", "ttft", "completion_tokens", "response_id", "rl")
+                 "att_prompt_tokens", "stream_end", "attempts", "ttft", "completion_tokens", "response_id", "rl",
+                 "input_endpoint")
 
     def __init__(self, metrics: RouterMetrics, t0: float, path: str, path_label: str) -> None:
         self.send: Send = _no_send
@@ -116,6 +117,8 @@ class Exchange:
         self.completion_tokens: int | None = None
         self.response_id: str | None = None  # Responses API: the id the engine stored the answer under
         self.rl: Ticket | None = None  # rate limits: what admission took; output charged as it streams
+        # where the prompt was computed when not at endpoint_label (a PD pair's prefill), else ""
+        self.input_endpoint = ""
 
     def start_headers(self, resp: Response, body_len: int | None) -> list[tuple[bytes, bytes]]:
         """Response headers for the client: the upstream's, filtered, plus ours."""

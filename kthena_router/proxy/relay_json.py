@@ -72,4 +72,6 @@ class JsonRelay:
                 x.att_prompt_tokens = int_or_none(usage.get("prompt_tokens"))
                 x.completion_tokens = int_or_none(usage.get("completion_tokens"))
                 metrics.observe_tokens(x.model_label, x.path_label, x.att_prompt_tokens, x.completion_tokens)
+                metrics.observe_endpoint_tokens(x.server_label, x.endpoint_label, x.input_endpoint,
+                                                x.att_prompt_tokens, x.completion_tokens)
         return None

@@ -120,6 +120,8 @@ class SseStreamRelay:
             completion = x.completion_tokens = int_or_none(usage.get("completion_tokens"))
             x.att_prompt_tokens = int_or_none(usage.get("prompt_tokens"))
             metrics.observe_tokens(x.model_label, x.path_label, x.att_prompt_tokens, completion)
+            metrics.observe_endpoint_tokens(x.server_label, x.endpoint_label, x.input_endpoint,
+                                            x.att_prompt_tokens, completion)
             if completion is not None and completion > 1 and failure is None:
                 x.att_tpot = (t_last - t_first) / (completion - 1)
                 metrics.observe_tpot(x.model_label, x.path_label, x.att_tpot)

@@ -36,6 +36,7 @@ import yaml
 from ..config.errors import ConfigError, ConfigProblem
 from ..config.provider_settings import DEFAULT_PROVIDER_SETTINGS, ExternalProvidersSettings, \
     parse_external_providers
+from ..config.scale_from_zero import DEFAULT_SCALE_FROM_ZERO, ScaleFromZeroSettings, parse_scale_from_zero
 from ..config.traffic import DEFAULT_TRAFFIC, TrafficSettings, parse_traffic
 from ..ratelimit.config import DEFAULT_RATE_LIMITS, RateLimitSettings, parse_rate_limits
 from ..fairness.config import FairnessSettings, parse_fairness
@@ -155,6 +156,8 @@ class RouterConfiguration:
     pd: PdSettings = DEFAULT_PD  # ours: prefill/decode pairing and hops (kthena_router/pd)
     # ours: trust store, timeouts and retries of ExternalModelProviders (config/provider_settings.py)
     external_providers: ExternalProvidersSettings = DEFAULT_PROVIDER_SETTINGS
+    # ours: holding requests for a ModelServer with zero endpoints (config/scale_from_zero.py)
+    scale_from_zero: ScaleFromZeroSettings = DEFAULT_SCALE_FROM_ZERO
 
 
 # Our pipeline when the file has no `scheduler` (Kthena's Helm chart default).
@@ -410,7 +413,7 @@ def router_configuration_from_object(
     from ..pd.config_parse import parse_pd  # it imports this module (the scheduler-section parser)
 
     m = _mapping(c, obj, "", ("scheduler", "auth", "sessionSticky", "traffic", "rateLimits", "fairness", "pd",
-                              "externalProviders"))
+                              "externalProviders", "scaleFromZero"))
     scheduler: SchedulerSettings | None = None
     auth = None
     sticky = None
@@ -419,6 +422,7 @@ def router_configuration_from_object(
     fairness = None
     pd = DEFAULT_PD
     external = DEFAULT_PROVIDER_SETTINGS
+    scale_from_zero = DEFAULT_SCALE_FROM_ZERO
     if m is not None:
         scheduler = _scheduler(c, m.get("scheduler"))
         traffic = parse_traffic(c, m.get("traffic"))
@@ -428,10 +432,12 @@ def router_configuration_from_object(
         fairness = parse_fairness(c, m.get("fairness"))
         pd = parse_pd(c, m.get("pd"))
         external = parse_external_providers(c, m.get("externalProviders"), c.base_dir)
+        scale_from_zero = parse_scale_from_zero(c, m.get("scaleFromZero"))
     if c.problems or scheduler is None:
         raise ConfigError(c.problems or [ConfigProblem(source, document, "", "invalid configuration")])
     return RouterConfiguration(scheduler, auth, sticky, source, digest, tuple(c.warnings), traffic,
-                               rate_limits=rate_limits, fairness=fairness, pd=pd, external_providers=external)
+                               rate_limits=rate_limits, fairness=fairness, pd=pd, external_providers=external,
+                               scale_from_zero=scale_from_zero)
 
 
 def _load_yaml(text: str, source: str, document: str, first_index: int = 1) -> list[Any]:

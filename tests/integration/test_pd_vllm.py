@@ -303,3 +303,28 @@ def test_rate_limit_charges_the_decode_hop_once(router: harness.Router, sim: har
     harness.wait_until(settled, 10, what="rate-limit settlement")
     assert pdh.metric(router, charged, model_route="default/pd-rl", token_type="input") - before_in \
         == usage.prompt_tokens  # once, not twice
+
+
+def test_endpoint_tokens_count_input_at_the_prefill_and_output_at_the_decode(
+        router: harness.Router, sim: harness.Simulator) -> None:
+    """kthena_router_endpoint_tokens_total (the autoscaler's router signals): each side of a
+    pair is charged with the work it did."""
+    name = "kthena_router_endpoint_tokens_total"
+    prefill, decode = (f"127.0.0.1:{sim.ports[i]}" for i in (0, 1))
+
+    def counts() -> dict[tuple[str, str], float]:
+        return {(ep, t): pdh.metric(router, name, model_server="default/pd-single", endpoint=ep, token_type=t)
+                for ep in (prefill, decode) for t in ("input", "output")}
+
+    before = counts()
+    r = router.openai().chat.completions.create(model="pd-single", messages=MSGS, max_tokens=5)
+    assert r.usage is not None
+
+    def delta() -> dict[tuple[str, str], float]:
+        now = counts()
+        return {k: now[k] - before[k] for k in now}
+
+    harness.wait_until(lambda: delta()[(decode, "output")] == r.usage.completion_tokens, 10, what="decode output")
+    d = delta()
+    assert d[(prefill, "input")] == r.usage.prompt_tokens
+    assert d[(decode, "input")] == 0 and d[(prefill, "output")] == 0
