@@ -6,9 +6,8 @@ algorithm read it) and the signal the collector reads for it.
   (+4 / +100 % per 1 m) and scale-down (5 m window, -100 % per 1 m), panic mode off;
 - `panic`: the same with a panicPolicy (threshold 200 %, +200 % per 30 s, hold 1 m);
 - `router`: metric `router:tokens_per_second` read from the router's /metrics page
-  (branch wp-autoscaler-router: a collector option pointing at router pages; the router
-  exports kthena_router_endpoint_tokens_total on branch wp-router-signals), the same
-  behaviour as `panic`.
+  (`kthena_router_endpoint_tokens_total`, per pod by IP) through the collector's
+  `RouterSource` (the controller's `--router-metrics-url`), the same behaviour as `panic`.
 
 All durations are trace seconds (the harness runs the algorithm on the trace clock).
 targetValues have no default here: the benchmark is told them (chosen on tuning seeds).
@@ -43,23 +42,25 @@ class BenchConfig:
     sources: dict[str, Any] | None  # the target's metricSources
 
     def collector(self, timeout_s: float, router_metrics_url: str, sim_clock: Callable[[], float],
-                  compression: float) -> Collector:
-        """The real collector; for `router` with a RouterSource on the router's page.
+                  rate_window_s: float) -> Collector:
+        """The real collector; for `router` with the controller's RouterSource on the router's page.
 
-        The source's clock is the simulated one, so rates are tokens per simulated second
-        (the engines' physics); its intervals (1 s between fetches, a rate over at least 5 s,
-        pages kept 10 m: the controller's defaults) are trace seconds, compressed.
+        The source's clock is the simulated one: rates are tokens per simulated second (the
+        engines' physics). The router counts a request's tokens when it completes (the
+        engine's usage), so the counter moves in steps of one request: the rate window
+        (`rate_window_s`, simulated) is not compressed with the trace, or it would hold a
+        fraction of a request; pages are fetched every fifth of it.
         """
         if self.name != "router":
             return Collector(timeout_s=timeout_s)
-        try:  # branch wp-autoscaler-router (merged): --router-metrics-url's source
+        try:  # branch wp-autoscaler-router: the controller's --router-metrics-url source
             from controller.autoscaler.router_source import RouterSource
         except ImportError as exc:
             raise NotImplementedError("configuration 'router' needs controller/autoscaler/router_source.py "
                                       "(branch wp-autoscaler-router)") from exc
-        source = RouterSource([router_metrics_url], min_interval_s=1.0 / compression, min_rate_s=5.0 / compression,
-                              max_age_s=600.0 / compression, clock=sim_clock)
-        return Collector(timeout_s=timeout_s, router=source)  # type: ignore[call-arg]
+        source = RouterSource([router_metrics_url], min_interval_s=rate_window_s / 5, min_rate_s=rate_window_s,
+                              max_age_s=20 * rate_window_s, clock=sim_clock)
+        return Collector(timeout_s=timeout_s, router=source)
 
 
 def make_config(name: str, target: float, min_replicas: int, max_replicas: int, engine_port: int) -> BenchConfig:

@@ -75,7 +75,7 @@ class Cell:
 
     async def _autoscaler(self, stop: asyncio.Event) -> None:
         collector = self.cfg.collector(self.args.scrape_timeout, f"{self.router.admin_url}/metrics", self.sim_now,
-                                       self.comp)
+                                       self.args.router_rate_window_s)
         period = self.args.period_s / self.comp  # simulated seconds
         metric = next(iter(self.policy.metrics))
         state, due = ScalerState(), 0.0
@@ -277,6 +277,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peak-rate", type=float, required=True, help="req/s (simulated) at the trace's peak")
     p.add_argument("--target-waiting", type=float, help="targetValue of num_requests_waiting (stable, panic)")
     p.add_argument("--target-tokens", type=float, help="targetValue of router:tokens_per_second (router)")
+    p.add_argument("--router-rate-window-s", type=float, default=1.0,
+                   help="router: tokens/s over at least this many simulated s (not compressed: one request's "
+                        "tokens are counted at its end)")
     p.add_argument("--day-s", type=float, default=300.0, help="simulated seconds per trace day")
     p.add_argument("--period-s", type=float, default=15.0, help="autoscaler period, trace s (Kthena: 15)")
     p.add_argument("--startup-s", type=float, default=120.0, help="replica request -> Ready, trace s")
