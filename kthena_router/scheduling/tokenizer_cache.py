@@ -30,6 +30,16 @@ and a failed check falls back to tokenizing the whole text. A tokenizer whose no
 rewrites text across more than ``margin`` characters could in theory differ; the cost would
 be a few mismatched blocks in cache matching, never a wrong response.
 
+Tails. The text after a prompt's last chunk entry (its *tail*, under one chunk plus the
+margin) is remembered per entry, most recent prompt wins: its text, token ids and
+checkpoints every ``_TAIL_STEP`` characters (a cut at a word start, its anchor and its
+token index, found as above). A prompt whose full chunks all hit compares its own tail
+with the remembered one; from the last checkpoint at least ``margin`` characters before
+the first difference it tokenizes only the rest (same anchor/check argument). So a request
+that shares a long prefix with an earlier one (system prompt, previous turn) tokenizes
+about ``_TAIL_STEP + margin`` characters plus its new text, not up to a chunk. A prompt
+that grew past a chunk boundary takes the chunk path once, which remembers the new tail.
+
 Threading: the cache is guarded by a lock held only for dict work, not while encoding (the
 tokenizer releases the GIL, so long prompts may be encoded in a thread).
 """
@@ -38,6 +48,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from bisect import bisect_right
 import threading
 from array import array
 from collections import OrderedDict
@@ -55,6 +66,10 @@ log = logging.getLogger(__name__)
 DEFAULT_CHUNK_CHARS = 4096
 DEFAULT_CACHE_TOKENS = 2_000_000
 _MIN_MARGIN = 16
+# Characters between tail checkpoints: at most this much shared text is tokenized again.
+_TAIL_STEP = 64
+# Tails longer than this many chunks (one word over several chunks: no entry) are not kept.
+_MAX_TAIL_CHUNKS = 2
 
 
 class TokenizerUnavailable(Exception):
@@ -76,7 +91,27 @@ class _Entry:
     ids: array  # token ids between the parent's cut and this cut
 
 
+    @property
+    def cost(self) -> int:
+        return len(self.ids)
+
+
 _ROOT = _Entry(0, 0, 0, array("I"))
+
+
+@dataclass(frozen=True, slots=True)
+class _Tail:
+    """The text after an entry's cut of the last prompt that ended there, with its token
+    ids and checkpoints (all positions relative to the entry's cut; ascending cuts)."""
+    text: str
+    ids: array
+    cuts: array  # word starts at which tokenization may resume
+    anchors: array  # start of the word before each cut
+    toks: array  # index in `ids` of the token starting at each cut
+
+    @property
+    def cost(self) -> int:  # in tokens' worth of memory (~9 bytes, see the docstring)
+        return len(self.ids) + len(self.cuts)
 
 
 @dataclass(slots=True)
@@ -84,7 +119,8 @@ class CacheStats:
     lookups: int = 0
     chunk_hits: int = 0  # chunks whose tokens were reused
     resync_failures: int = 0  # resumptions that failed the check (whole text re-tokenized)
-    entries: int = 0
+    tail_hits: int = 0  # prompts resumed from a remembered tail (only new text tokenized)
+    entries: int = 0  # chunk entries and tails
     cached_tokens: int = 0
 
 
@@ -104,7 +140,8 @@ class CachedTokenizer:
         longest_special = max((len(t.content) for t in added), default=0)
         self.margin = max(_MIN_MARGIN, longest_special + 8)
         self._head, self._tail = self._special_frame()
-        self._entries: OrderedDict[tuple[int, str], _Entry] = OrderedDict()
+        # LRU of chunk entries, keyed (parent id, chunk text), and tails, keyed by entry id
+        self._entries: OrderedDict[tuple[int, str] | int, _Entry | _Tail] = OrderedDict()
         self._ids = itertools.count(1)  # next() is atomic under the GIL
         self._lock = threading.Lock()
         self.stats = CacheStats()
@@ -151,6 +188,7 @@ class CachedTokenizer:
                 e = self._entries.get(key)
                 if e is None:
                     break
+                assert isinstance(e, _Entry)
                 self._entries.move_to_end(key)
                 hits.append(e)
                 parent = e.id
@@ -159,10 +197,12 @@ class CachedTokenizer:
 
     def _encode_body(self, text: str) -> array:
         n_chunks = len(text) // self.chunk_chars
-        if n_chunks == 0:
-            return array("I", self.tokenizer.encode(text, add_special_tokens=False).ids)
-        hits = self._lookup(text, n_chunks)
+        hits = self._lookup(text, n_chunks) if n_chunks else []
         last = hits[-1] if hits else _ROOT
+        if len(hits) == n_chunks:
+            got = self._encode_from_tail(text, hits, last)
+            if got is not None:
+                return got
         enc = self.tokenizer.encode(text[last.anchor:], add_special_tokens=False)
         start = self._resume_index(enc, last.cut - last.anchor)
         if start is None:
@@ -171,14 +211,86 @@ class CachedTokenizer:
             hits, last = [], _ROOT
             enc = self.tokenizer.encode(text, add_special_tokens=False)
             start = 0
+        out = self._chain_ids(hits)
+        ids = enc.ids
+        out.extend(ids[start:] if start else ids)
+        new: list[tuple[tuple[int, str] | int, _Entry | _Tail]] = []
+        end, end_tok = last, start
+        if len(hits) < n_chunks:
+            end, end_tok = self._new_entries(text, hits, last, enc, ids, start, n_chunks, new)
+        if len(text) - end.cut <= _MAX_TAIL_CHUNKS * self.chunk_chars:
+            cuts, anchors, toks = array("I"), array("I"), array("I")
+            self._checkpoints(enc, last.anchor, end.cut, end.cut + _TAIL_STEP, end_tok, 0, cuts, anchors, toks)
+            new.append((end.id, _Tail(text[end.cut:], array("I", ids[end_tok:]), cuts, anchors, toks)))
+        self._store(new)
+        return out
+
+    @staticmethod
+    def _chain_ids(hits: list[_Entry]) -> array:
         out = array("I")
         for e in hits:
             out += e.ids
-        ids = enc.ids
-        out.extend(ids[start:] if start else ids)
-        if len(hits) < n_chunks:
-            self._insert(text, hits, last, enc, ids, start, n_chunks)
         return out
+
+    def _encode_from_tail(self, text: str, hits: list[_Entry], last: _Entry) -> array | None:
+        """The ids of `text` from `last`'s tail (see the module docstring), or None."""
+        with self._lock:
+            tail = self._entries.get(last.id)
+            if tail is None:
+                return None
+            self._entries.move_to_end(last.id)
+        assert isinstance(tail, _Tail)
+        base = last.cut
+        same = _common_prefix(text, base, tail.text)
+        if same == len(tail.text) == len(text) - base:  # the same prompt again
+            with self._lock:
+                self.stats.tail_hits += 1
+            out = self._chain_ids(hits)
+            out += tail.ids
+            return out
+        k = bisect_right(tail.cuts, same - self.margin) - 1
+        if k < 0:
+            return None
+        cut, anchor, tok = tail.cuts[k], tail.anchors[k], tail.toks[k]
+        enc = self.tokenizer.encode(text[base + anchor:], add_special_tokens=False)
+        start = self._resume_index(enc, cut - anchor)
+        if start is None:
+            with self._lock:
+                self.stats.resync_failures += 1
+            return None
+        ids = enc.ids
+        rest = tail.ids[:tok]
+        rest.extend(ids[start:])
+        out = self._chain_ids(hits)
+        out += rest
+        # the new tail: the old checkpoints up to the cut, then those of the new text
+        cuts, anchors, toks = tail.cuts[:k + 1], tail.anchors[:k + 1], tail.toks[:k + 1]
+        self._checkpoints(enc, base + anchor, base, base + cut + _TAIL_STEP, start, tok, cuts, anchors, toks)
+        self._store([(last.id, _Tail(text[base:], rest, cuts, anchors, toks))], tail_hit=True)
+        return out
+
+    def _checkpoints(self, enc: Encoding, enc_base: int, tail_base: int, first: int, first_tok: int,
+                     tok_shift: int, cuts: array, anchors: array, toks: array) -> None:
+        """Append a checkpoint every _TAIL_STEP characters from `first` (absolute) to the
+        end of `enc` (the encoding of text[enc_base:]), skipping tokens before
+        `first_tok`; positions relative to `tail_base`, token indices shifted so that
+        `first_tok` maps to `tok_shift`."""
+        end = enc_base + (enc.token_to_chars(len(enc) - 1)[1] if len(enc) else 0)
+        for target in range(first, end, _TAIL_STEP):
+            w = enc.char_to_word(target - enc_base)
+            if w is None or w < 1:
+                continue  # whitespace absorbed by the next token, or the first word
+            cut_tok = enc.word_to_tokens(w)
+            anchor_tok = enc.word_to_tokens(w - 1)
+            if cut_tok is None or anchor_tok is None or cut_tok[0] < first_tok:
+                continue
+            cut = enc.token_to_chars(cut_tok[0])[0] + enc_base - tail_base
+            anchor = enc.token_to_chars(anchor_tok[0])[0] + enc_base - tail_base
+            if anchor < 0 or (cuts and cut <= cuts[-1]):
+                continue
+            cuts.append(cut)
+            anchors.append(anchor)
+            toks.append(cut_tok[0] - first_tok + tok_shift)
 
     @staticmethod
     def _resume_index(enc: Encoding, rel_cut: int) -> int | None:
@@ -189,13 +301,13 @@ class CachedTokenizer:
             return None
         return i
 
-    def _insert(self, text: str, hits: list[_Entry], last: _Entry, enc: Encoding, ids: list[int],
-                start: int, n_chunks: int) -> None:
-        """Add entries for the chunks after the hits, from the encoding of text[last.anchor:]."""
+    def _new_entries(self, text: str, hits: list[_Entry], last: _Entry, enc: Encoding, ids: list[int],
+                     start: int, n_chunks: int, new: list[tuple[tuple[int, str] | int, _Entry | _Tail]],
+                     ) -> tuple[_Entry, int]:
+        """Entries for the chunks after the hits, from the encoding of text[last.anchor:],
+        appended to `new`; returns the deepest entry and the index in `enc` of its cut."""
         base = last.anchor
-        prev_cut, prev_tok = last.cut, start
-        new: list[tuple[tuple[int, str], _Entry]] = []
-        parent = last.id
+        prev, prev_tok = last, start
         size = self.chunk_chars
         for k in range(len(hits), n_chunks):
             rel = (k + 1) * size - self.margin - base
@@ -210,25 +322,42 @@ class CachedTokenizer:
                 break
             cut = enc.token_to_chars(cut_tok[0])[0] + base
             anchor = enc.token_to_chars(anchor_tok[0])[0] + base
-            if cut <= prev_cut or anchor < 0:
+            if cut <= prev.cut or anchor < 0:
                 break  # one word spans the whole chunk: nothing safe to cache here
-            entry_id = next(self._ids)
-            entry = _Entry(entry_id, cut, anchor, array("I", ids[prev_tok:cut_tok[0]]))
-            new.append(((parent, text[k * size:(k + 1) * size]), entry))
-            parent, prev_cut, prev_tok = entry_id, cut, cut_tok[0]
-        if not new:
-            return
+            entry = _Entry(next(self._ids), cut, anchor, array("I", ids[prev_tok:cut_tok[0]]))
+            new.append(((prev.id, text[k * size:(k + 1) * size]), entry))
+            prev, prev_tok = entry, cut_tok[0]
+        return prev, prev_tok
+
+    def _store(self, new: list[tuple[tuple[int, str] | int, _Entry | _Tail]], tail_hit: bool = False) -> None:
         with self._lock:
-            for key, entry in new:
+            if tail_hit:
+                self.stats.tail_hits += 1
+            for key, value in new:
                 old = self._entries.pop(key, None)
                 if old is not None:
-                    self.stats.cached_tokens -= len(old.ids)
-                self._entries[key] = entry
-                self.stats.cached_tokens += len(entry.ids)
+                    self.stats.cached_tokens -= old.cost
+                self._entries[key] = value
+                self.stats.cached_tokens += value.cost
             while self.stats.cached_tokens > self.cache_tokens and self._entries:
                 _, dropped = self._entries.popitem(last=False)
-                self.stats.cached_tokens -= len(dropped.ids)
+                self.stats.cached_tokens -= dropped.cost
             self.stats.entries = len(self._entries)
+
+
+def _common_prefix(text: str, start: int, other: str) -> int:
+    """Length of the common prefix of text[start:] and `other` (O(n) copying in total)."""
+    n = min(len(text) - start, len(other))
+    if text.startswith(other if n == len(other) else other[:n], start):
+        return n
+    lo, hi = 0, n  # text[start:start+lo] == other[:lo]; the first hi characters differ
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if text.startswith(other[lo:mid], start + lo):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class TokenizerRegistry:

@@ -2,6 +2,7 @@
 //! and free of Python. The `kthena-py` crate exposes them to Python.
 #![forbid(unsafe_code)]
 
+pub mod digest_memo;
 pub mod fairq;
 pub mod json_splice;
 pub mod kv_ownership;

@@ -14,6 +14,7 @@
 //! LoRA adapter's root value): the caller supplies it. Only full blocks are hashed, as
 //! engines only cache full blocks.
 
+use crate::digest_memo::DigestMemo;
 use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -64,6 +65,7 @@ pub struct VllmSha256Cbor {
 }
 
 /// Canonical CBOR item head (major type, shortest argument).
+#[inline]
 fn cbor_head(major: u8, n: u64, out: &mut Vec<u8>) {
     let m = major << 5;
     if n < 24 {
@@ -107,6 +109,20 @@ impl VllmSha256Cbor {
         lora: Option<&str>,
         out: &mut Vec<u64>,
     ) {
+        self.chain_memo(tokens, block_size, max_blocks, lora, None, out);
+    }
+
+    /// [`Self::chain`], taking each block's digest from `memo` when the same (parent,
+    /// tokens, extra keys) was hashed before (and remembering the new ones).
+    pub fn chain_memo(
+        &self,
+        tokens: &[u32],
+        block_size: usize,
+        max_blocks: usize,
+        lora: Option<&str>,
+        mut memo: Option<&mut DigestMemo>,
+        out: &mut Vec<u64>,
+    ) {
         if block_size == 0 {
             return;
         }
@@ -123,18 +139,36 @@ impl VllmSha256Cbor {
             }
         }
         let mut buf = Vec::with_capacity(40 + 5 * block_size + tail.len());
+        // Memo key: le32(block length) || parent || le32 tokens || tail, which determines
+        // the CBOR bytes (so equal keys mean equal sha256 inputs) and is cheaper to build.
+        let mut key = Vec::with_capacity(36 + 4 * block_size + tail.len());
         let mut parent = self.none_hash;
         for block in tokens.chunks_exact(block_size).take(n) {
-            buf.clear();
-            cbor_head(CBOR_ARRAY, 3, &mut buf);
-            cbor_head(CBOR_BYTES, 32, &mut buf);
-            buf.extend_from_slice(&parent);
-            cbor_head(CBOR_ARRAY, block.len() as u64, &mut buf);
-            for &t in block {
-                cbor_head(0, u64::from(t), &mut buf);
-            }
-            buf.extend_from_slice(&tail);
-            parent = Sha256::digest(&buf).into();
+            let cbor = |buf: &mut Vec<u8>| -> [u8; 32] {
+                buf.clear();
+                cbor_head(CBOR_ARRAY, 3, buf);
+                cbor_head(CBOR_BYTES, 32, buf);
+                buf.extend_from_slice(&parent);
+                cbor_head(CBOR_ARRAY, block.len() as u64, buf);
+                for &t in block {
+                    cbor_head(0, u64::from(t), buf);
+                }
+                buf.extend_from_slice(&tail);
+                Sha256::digest(&*buf).into()
+            };
+            parent = match memo.as_deref_mut() {
+                Some(m) => {
+                    key.clear();
+                    key.extend_from_slice(&(block.len() as u32).to_le_bytes());
+                    key.extend_from_slice(&parent);
+                    for &t in block {
+                        key.extend_from_slice(&t.to_le_bytes());
+                    }
+                    key.extend_from_slice(&tail);
+                    m.digest(&key, || cbor(&mut buf))
+                }
+                None => cbor(&mut buf),
+            };
             out.push(block_hash_key(&parent));
         }
     }
@@ -172,9 +206,27 @@ impl HashScheme {
         lora: Option<&str>,
         out: &mut Vec<u64>,
     ) {
+        self.chain_memo(tokens, block_size, max_blocks, root, lora, None, out);
+    }
+
+    /// [`Self::chain`] with a digest memo for the schemes it pays off for (vLLM's sha256;
+    /// xxh3 is cheaper than a probe and ignores it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn chain_memo(
+        &self,
+        tokens: &[u32],
+        block_size: usize,
+        max_blocks: usize,
+        root: u64,
+        lora: Option<&str>,
+        memo: Option<&mut DigestMemo>,
+        out: &mut Vec<u64>,
+    ) {
         match self {
             HashScheme::Xxh3(h) => chain_token_hashes(h, root, tokens, block_size, max_blocks, out),
-            HashScheme::VllmSha256Cbor(h) => h.chain(tokens, block_size, max_blocks, lora, out),
+            HashScheme::VllmSha256Cbor(h) => {
+                h.chain_memo(tokens, block_size, max_blocks, lora, memo, out)
+            }
         }
     }
 }
@@ -283,6 +335,46 @@ mod tests {
             assert_eq!(v, ha[..2]);
         }
         assert!(HashScheme::by_name("cpython-tuple", "0").is_none());
+    }
+
+    /// Random prompts sharing prefixes of random lengths (and LoRA or not): the memoised
+    /// chain equals the plain one, and shared full blocks are served from the memo.
+    #[test]
+    fn memo_chain_equals_plain_chain() {
+        let h = VllmSha256Cbor::new("7");
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut rnd = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for cap in [0usize, 6, 1 << 16] {
+            let mut memo = DigestMemo::new(cap);
+            let mut prompts: Vec<Vec<u32>> = vec![(0..200).map(|_| rnd(50_000) as u32).collect()];
+            for _ in 0..200 {
+                let base = &prompts[rnd(prompts.len() as u64) as usize];
+                let keep = rnd(base.len() as u64 + 1) as usize;
+                let mut p = base[..keep].to_vec();
+                p.extend((0..rnd(80)).map(|_| rnd(50_000) as u32));
+                let bs = [1usize, 4, 16][rnd(3) as usize];
+                let lora = [None, Some("a"), Some("bb")][rnd(3) as usize];
+                let (mut plain, mut memod) = (Vec::new(), Vec::new());
+                h.chain(&p, bs, usize::MAX, lora, &mut plain);
+                h.chain_memo(&p, bs, usize::MAX, lora, Some(&mut memo), &mut memod);
+                assert_eq!(plain, memod);
+                if cap == 1 << 16 {
+                    // a second pass is served entirely from the memo
+                    let mut again = Vec::new();
+                    let hits = memo.hits();
+                    h.chain_memo(&p, bs, usize::MAX, lora, Some(&mut memo), &mut again);
+                    assert_eq!(again, plain);
+                    assert_eq!(memo.hits() - hits, plain.len() as u64);
+                }
+                assert!(memo.len() <= cap);
+                prompts.push(p);
+            }
+        }
     }
 
     #[test]
