@@ -31,14 +31,15 @@ rewrites text across more than ``margin`` characters could in theory differ; the
 be a few mismatched blocks in cache matching, never a wrong response.
 
 Tails. The text after a prompt's last chunk entry (its *tail*, under one chunk plus the
-margin) is remembered per entry, most recent prompt wins: its text, token ids and
-checkpoints every ``_TAIL_STEP`` characters (a cut at a word start, its anchor and its
-token index, found as above). A prompt whose full chunks all hit compares its own tail
-with the remembered one; from the last checkpoint at least ``margin`` characters before
-the first difference it tokenizes only the rest (same anchor/check argument). So a request
-that shares a long prefix with an earlier one (system prompt, previous turn) tokenizes
-about ``_TAIL_STEP + margin`` characters plus its new text, not up to a chunk. A prompt
-that grew past a chunk boundary takes the chunk path once, which remembers the new tail.
+margin) is remembered per entry for the last ``_TAILS_PER_ENTRY`` prompts that ended there
+(interleaved conversations over one system prompt): its text, token ids and checkpoints
+every ``tail_step`` characters (a cut at a word start, its anchor and its token index,
+found as above). A prompt whose full chunks all hit compares its own tail with those;
+from the last checkpoint at least ``margin`` characters before the first difference with
+the closest one it tokenizes only the rest (same anchor/check argument). So a request that
+shares a long prefix with an earlier one (system prompt, previous turn) tokenizes about
+``tail_step + margin`` characters plus its new text, not up to a chunk. A prompt that grew
+past a chunk boundary takes the chunk path once, which remembers the new tail.
 
 Threading: the cache is guarded by a lock held only for dict work, not while encoding (the
 tokenizer releases the GIL, so long prompts may be encoded in a thread).
@@ -67,9 +68,11 @@ DEFAULT_CHUNK_CHARS = 4096
 DEFAULT_CACHE_TOKENS = 2_000_000
 _MIN_MARGIN = 16
 # Characters between tail checkpoints: at most this much shared text is tokenized again.
-_TAIL_STEP = 64
+DEFAULT_TAIL_STEP = 32
 # Tails longer than this many chunks (one word over several chunks: no entry) are not kept.
 _MAX_TAIL_CHUNKS = 2
+# Tails kept per entry (most recent first); each costs a prefix comparison per lookup.
+_TAILS_PER_ENTRY = 4
 
 
 class TokenizerUnavailable(Exception):
@@ -99,19 +102,29 @@ class _Entry:
 _ROOT = _Entry(0, 0, 0, array("I"))
 
 
-@dataclass(frozen=True, slots=True)
 class _Tail:
-    """The text after an entry's cut of the last prompt that ended there, with its token
-    ids and checkpoints (all positions relative to the entry's cut; ascending cuts)."""
-    text: str
-    ids: array
-    cuts: array  # word starts at which tokenization may resume
-    anchors: array  # start of the word before each cut
-    toks: array  # index in `ids` of the token starting at each cut
+    """The text after an entry's cut of a prompt that ended there, with its token ids and
+    checkpoints (all positions relative to the entry's cut; ascending cuts). Immutable
+    once stored (a plain class: built on every warm request, a frozen dataclass is 3x
+    slower to create)."""
+    __slots__ = ("text", "ids", "cuts", "anchors", "toks", "cost")
 
-    @property
-    def cost(self) -> int:  # in tokens' worth of memory (~9 bytes, see the docstring)
-        return len(self.ids) + len(self.cuts)
+    def __init__(self, text: str, ids: array, cuts: array, anchors: array, toks: array) -> None:
+        self.text = text
+        self.ids = ids
+        self.cuts = cuts  # word starts at which tokenization may resume
+        self.anchors = anchors  # start of the word before each cut
+        self.toks = toks  # index in `ids` of the token starting at each cut
+        self.cost = len(ids) + len(cuts)  # in tokens' worth of memory (~9 bytes each)
+
+
+class _Tails:
+    """The tails of the last prompts that ended after one entry, most recent first."""
+    __slots__ = ("tails", "cost")
+
+    def __init__(self, tails: tuple[_Tail, ...]) -> None:
+        self.tails = tails
+        self.cost = sum(t.cost for t in tails)
 
 
 @dataclass(slots=True)
@@ -128,9 +141,10 @@ class CachedTokenizer:
     """One model's tokenizer with its prompt-prefix cache."""
 
     def __init__(self, tokenizer: Tokenizer, *, chunk_chars: int = DEFAULT_CHUNK_CHARS,
-                 cache_tokens: int = DEFAULT_CACHE_TOKENS) -> None:
-        if chunk_chars <= 0:
-            raise ValueError("chunk_chars must be positive")
+                 cache_tokens: int = DEFAULT_CACHE_TOKENS, tail_step: int = DEFAULT_TAIL_STEP) -> None:
+        if chunk_chars <= 0 or tail_step <= 0:
+            raise ValueError("chunk_chars and tail_step must be positive")
+        self.tail_step = tail_step
         tokenizer.no_truncation()
         tokenizer.no_padding()
         self.tokenizer = tokenizer
@@ -141,7 +155,7 @@ class CachedTokenizer:
         self.margin = max(_MIN_MARGIN, longest_special + 8)
         self._head, self._tail = self._special_frame()
         # LRU of chunk entries, keyed (parent id, chunk text), and tails, keyed by entry id
-        self._entries: OrderedDict[tuple[int, str] | int, _Entry | _Tail] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, str] | int, _Entry | _Tails] = OrderedDict()
         self._ids = itertools.count(1)  # next() is atomic under the GIL
         self._lock = threading.Lock()
         self.stats = CacheStats()
@@ -164,11 +178,8 @@ class CachedTokenizer:
         if add_special_tokens:
             if self._head is None or self._tail is None:
                 return array("I", self.tokenizer.encode(text, add_special_tokens=True).ids)
-            out = array("I", self._head)
-            out += self._encode_body(text)
-            out += self._tail
-            return out
-        return self._encode_body(text)
+            return _join([self._head, *self._encode_body(text), self._tail])
+        return _join(self._encode_body(text))
 
     def clear(self) -> None:
         with self._lock:
@@ -195,7 +206,8 @@ class CachedTokenizer:
             self.stats.chunk_hits += len(hits)
         return hits
 
-    def _encode_body(self, text: str) -> array:
+    def _encode_body(self, text: str) -> list[array]:
+        """The ids of `text` (no special tokens) in pieces, to be joined."""
         n_chunks = len(text) // self.chunk_chars
         hits = self._lookup(text, n_chunks) if n_chunks else []
         last = hits[-1] if hits else _ROOT
@@ -211,43 +223,42 @@ class CachedTokenizer:
             hits, last = [], _ROOT
             enc = self.tokenizer.encode(text, add_special_tokens=False)
             start = 0
-        out = self._chain_ids(hits)
         ids = enc.ids
-        out.extend(ids[start:] if start else ids)
-        new: list[tuple[tuple[int, str] | int, _Entry | _Tail]] = []
+        out = [e.ids for e in hits]
+        out.append(array("I", ids[start:] if start else ids))
+        new: list[tuple[tuple[int, str], _Entry]] = []
         end, end_tok = last, start
         if len(hits) < n_chunks:
             end, end_tok = self._new_entries(text, hits, last, enc, ids, start, n_chunks, new)
+        tail = None
         if len(text) - end.cut <= _MAX_TAIL_CHUNKS * self.chunk_chars:
             cuts, anchors, toks = array("I"), array("I"), array("I")
-            self._checkpoints(enc, last.anchor, end.cut, end.cut + _TAIL_STEP, end_tok, 0, cuts, anchors, toks)
-            new.append((end.id, _Tail(text[end.cut:], array("I", ids[end_tok:]), cuts, anchors, toks)))
-        self._store(new)
+            self._checkpoints(enc, last.anchor, end.cut, end.cut + self.tail_step, end_tok, 0, cuts, anchors, toks)
+            tail = _Tail(text[end.cut:], array("I", ids[end_tok:]), cuts, anchors, toks)
+        self._store(new, end.id, tail)
         return out
 
-    @staticmethod
-    def _chain_ids(hits: list[_Entry]) -> array:
-        out = array("I")
-        for e in hits:
-            out += e.ids
-        return out
-
-    def _encode_from_tail(self, text: str, hits: list[_Entry], last: _Entry) -> array | None:
-        """The ids of `text` from `last`'s tail (see the module docstring), or None."""
+    def _encode_from_tail(self, text: str, hits: list[_Entry], last: _Entry) -> list[array] | None:
+        """The ids of `text` from the closest of `last`'s tails (module docstring), or None."""
         with self._lock:
-            tail = self._entries.get(last.id)
-            if tail is None:
+            got = self._entries.get(last.id)
+            if got is None:
                 return None
             self._entries.move_to_end(last.id)
-        assert isinstance(tail, _Tail)
+        assert isinstance(got, _Tails)
         base = last.cut
+        tail = got.tails[0]
         same = _common_prefix(text, base, tail.text)
+        for t in got.tails[1:]:
+            # only a tail that shares one more character can be closer (one memcmp)
+            if len(t.text) > same and text.startswith(t.text[:same + 1], base):
+                n = _common_prefix(text, base, t.text)
+                if n > same:
+                    tail, same = t, n
         if same == len(tail.text) == len(text) - base:  # the same prompt again
             with self._lock:
                 self.stats.tail_hits += 1
-            out = self._chain_ids(hits)
-            out += tail.ids
-            return out
+            return [*(e.ids for e in hits), tail.ids]
         k = bisect_right(tail.cuts, same - self.margin) - 1
         if k < 0:
             return None
@@ -261,22 +272,24 @@ class CachedTokenizer:
         ids = enc.ids
         rest = tail.ids[:tok]
         rest.extend(ids[start:])
-        out = self._chain_ids(hits)
-        out += rest
-        # the new tail: the old checkpoints up to the cut, then those of the new text
+        out = [e.ids for e in hits]
+        out.append(rest)
+        # the new tail: the old checkpoints up to the cut, then those of the new text; it
+        # supersedes the old one if it extends it (the next turn of a conversation)
         cuts, anchors, toks = tail.cuts[:k + 1], tail.anchors[:k + 1], tail.toks[:k + 1]
-        self._checkpoints(enc, base + anchor, base, base + cut + _TAIL_STEP, start, tok, cuts, anchors, toks)
-        self._store([(last.id, _Tail(text[base:], rest, cuts, anchors, toks))], tail_hit=True)
+        self._checkpoints(enc, base + anchor, base, base + cut + self.tail_step, start, tok, cuts, anchors, toks)
+        self._store([], last.id, _Tail(text[base:], rest, cuts, anchors, toks),
+                    replaces=tail if same == len(tail.text) else None, tail_hit=True)
         return out
 
     def _checkpoints(self, enc: Encoding, enc_base: int, tail_base: int, first: int, first_tok: int,
                      tok_shift: int, cuts: array, anchors: array, toks: array) -> None:
-        """Append a checkpoint every _TAIL_STEP characters from `first` (absolute) to the
+        """Append a checkpoint every `tail_step` characters from `first` (absolute) to the
         end of `enc` (the encoding of text[enc_base:]), skipping tokens before
         `first_tok`; positions relative to `tail_base`, token indices shifted so that
         `first_tok` maps to `tok_shift`."""
         end = enc_base + (enc.token_to_chars(len(enc) - 1)[1] if len(enc) else 0)
-        for target in range(first, end, _TAIL_STEP):
+        for target in range(first, end, self.tail_step):
             w = enc.char_to_word(target - enc_base)
             if w is None or w < 1:
                 continue  # whitespace absorbed by the next token, or the first word
@@ -302,8 +315,7 @@ class CachedTokenizer:
         return i
 
     def _new_entries(self, text: str, hits: list[_Entry], last: _Entry, enc: Encoding, ids: list[int],
-                     start: int, n_chunks: int, new: list[tuple[tuple[int, str] | int, _Entry | _Tail]],
-                     ) -> tuple[_Entry, int]:
+                     start: int, n_chunks: int, new: list[tuple[tuple[int, str], _Entry]]) -> tuple[_Entry, int]:
         """Entries for the chunks after the hits, from the encoding of text[last.anchor:],
         appended to `new`; returns the deepest entry and the index in `enc` of its cut."""
         base = last.anchor
@@ -329,20 +341,42 @@ class CachedTokenizer:
             prev, prev_tok = entry, cut_tok[0]
         return prev, prev_tok
 
-    def _store(self, new: list[tuple[tuple[int, str] | int, _Entry | _Tail]], tail_hit: bool = False) -> None:
+    def _store(self, new: list[tuple[tuple[int, str], _Entry]], tail_key: int, tail: _Tail | None,
+               replaces: _Tail | None = None, tail_hit: bool = False) -> None:
+        """Add chunk entries and a tail after entry `tail_key` (in front of the entry's
+        other tails, instead of `replaces`), then evict down to the budget."""
         with self._lock:
-            if tail_hit:
-                self.stats.tail_hits += 1
-            for key, value in new:
-                old = self._entries.pop(key, None)
-                if old is not None:
-                    self.stats.cached_tokens -= old.cost
+            self.stats.tail_hits += tail_hit
+            items: list[tuple[tuple[int, str] | int, _Entry | _Tails]] = list(new)
+            if tail is not None:
+                old = self._entries.get(tail_key)
+                others = old.tails if isinstance(old, _Tails) else ()
+                kept = [t for t in others if t is not replaces and t.text != tail.text]
+                items.append((tail_key, _Tails((tail, *kept[:_TAILS_PER_ENTRY - 1]))))
+            for key, value in items:
+                prev = self._entries.pop(key, None)
+                if prev is not None:
+                    self.stats.cached_tokens -= prev.cost
                 self._entries[key] = value
                 self.stats.cached_tokens += value.cost
             while self.stats.cached_tokens > self.cache_tokens and self._entries:
                 _, dropped = self._entries.popitem(last=False)
                 self.stats.cached_tokens -= dropped.cost
             self.stats.entries = len(self._entries)
+
+
+_ZERO = array("I", [0])
+
+
+def _join(parts: list[array]) -> array:
+    """Concatenate arrays into one allocated at its final size (`+=` on a growing array
+    copies it again and again: 4x slower at 100k tokens)."""
+    out = _ZERO * sum(map(len, parts))
+    at = 0
+    for p in parts:
+        out[at:at + len(p)] = p
+        at += len(p)
+    return out
 
 
 def _common_prefix(text: str, start: int, other: str) -> int:

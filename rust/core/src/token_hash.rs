@@ -143,7 +143,24 @@ impl VllmSha256Cbor {
         // the CBOR bytes (so equal keys mean equal sha256 inputs) and is cheaper to build.
         let mut key = Vec::with_capacity(36 + 4 * block_size + tail.len());
         let mut parent = self.none_hash;
-        for block in tokens.chunks_exact(block_size).take(n) {
+        let tokens = &tokens[..n * block_size];
+        // Leading blocks shared with a recent chain of the same root and extra keys.
+        let mut tag = Vec::new();
+        let mut shared = None;
+        let mut start = 0;
+        if let Some(m) = memo.as_deref() {
+            tag.extend_from_slice(&self.none_hash);
+            tag.extend_from_slice(&tail);
+            shared = m.recent_prefix(&tag, block_size, tokens);
+            if let Some(p) = shared {
+                let digests = m.prefix_digests(p);
+                out.extend(digests.iter().map(|d| block_hash_key(d)));
+                parent = digests[p.blocks - 1];
+                start = p.blocks;
+            }
+        }
+        let mut new_digests = Vec::new();
+        for block in tokens[start * block_size..].chunks_exact(block_size) {
             let cbor = |buf: &mut Vec<u8>| -> [u8; 32] {
                 buf.clear();
                 cbor_head(CBOR_ARRAY, 3, buf);
@@ -165,11 +182,16 @@ impl VllmSha256Cbor {
                         key.extend_from_slice(&t.to_le_bytes());
                     }
                     key.extend_from_slice(&tail);
-                    m.digest(&key, || cbor(&mut buf))
+                    let d = m.digest(&key, || cbor(&mut buf));
+                    new_digests.push(d);
+                    d
                 }
                 None => cbor(&mut buf),
             };
             out.push(block_hash_key(&parent));
+        }
+        if let Some(m) = memo {
+            m.remember_chain(&tag, block_size, tokens, shared, &new_digests);
         }
     }
 }

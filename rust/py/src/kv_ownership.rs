@@ -3,11 +3,11 @@
 use kthena_core::digest_memo::DigestMemo;
 use kthena_core::kv_ownership;
 use kthena_core::token_hash::{self, HashScheme};
-use std::sync::{Arc, Mutex, MutexGuard};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Batches (bytes) and token arrays above these sizes are processed without the GIL.
 const GIL_RELEASE_BATCH_BYTES: usize = 64 * 1024;
@@ -205,7 +205,15 @@ impl KvOwnership {
         let mut hashes = Vec::new();
         let mut run = || {
             let mut m = lock(&memo);
-            scheme.chain_memo(&t, block_size, max_blocks, root, lora, Some(&mut m), &mut hashes)
+            scheme.chain_memo(
+                &t,
+                block_size,
+                max_blocks,
+                root,
+                lora,
+                Some(&mut m),
+                &mut hashes,
+            )
         };
         if t.len().min(max_blocks.saturating_mul(block_size)) > GIL_RELEASE_TOKENS {
             py.allow_threads(run);
