@@ -30,8 +30,8 @@ and a failed check falls back to tokenizing the whole text. A tokenizer whose no
 rewrites text across more than ``margin`` characters could in theory differ; the cost would
 be a few mismatched blocks in cache matching, never a wrong response.
 
-Tails. The text after a prompt's last chunk entry (its *tail*, under one chunk plus the
-margin) is remembered per entry for the last ``_TAILS_PER_ENTRY`` prompts that ended there
+Tails. The text after a prompt's last chunk entry (its *tail*, about a chunk at most) is
+remembered per entry for the last ``_TAILS_PER_ENTRY`` prompts that ended there
 (interleaved conversations over one system prompt): its text, token ids and checkpoints
 every ``tail_step`` characters (a cut at a word start, its anchor and its token index,
 found as above). A prompt whose full chunks all hit compares its own tail with those;
@@ -49,8 +49,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from bisect import bisect_right
 import threading
+from bisect import bisect_right
 from array import array
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -71,7 +71,7 @@ _MIN_MARGIN = 16
 DEFAULT_TAIL_STEP = 32
 # Tails longer than this many chunks (one word over several chunks: no entry) are not kept.
 _MAX_TAIL_CHUNKS = 2
-# Tails kept per entry (most recent first); each costs a prefix comparison per lookup.
+# Tails kept per entry (most recent first): a lookup compares the prompt with each.
 _TAILS_PER_ENTRY = 4
 
 
@@ -92,7 +92,6 @@ class _Entry:
     cut: int  # characters before `cut` are covered by the chain's ids
     anchor: int  # start of the word before `cut`: where re-tokenization resumes
     ids: array  # token ids between the parent's cut and this cut
-
 
     @property
     def cost(self) -> int:
@@ -131,7 +130,7 @@ class _Tails:
 class CacheStats:
     lookups: int = 0
     chunk_hits: int = 0  # chunks whose tokens were reused
-    resync_failures: int = 0  # resumptions that failed the check (whole text re-tokenized)
+    resync_failures: int = 0  # resumptions that failed the check (re-tokenized from further back)
     tail_hits: int = 0  # prompts resumed from a remembered tail (only new text tokenized)
     entries: int = 0  # chunk entries and tails
     cached_tokens: int = 0
@@ -153,7 +152,7 @@ class CachedTokenizer:
         added = tokenizer.get_added_tokens_decoder().values()
         longest_special = max((len(t.content) for t in added), default=0)
         self.margin = max(_MIN_MARGIN, longest_special + 8)
-        self._head, self._tail = self._special_frame()
+        self._frame_head, self._frame_tail = self._special_frame()
         # LRU of chunk entries, keyed (parent id, chunk text), and tails, keyed by entry id
         self._entries: OrderedDict[tuple[int, str] | int, _Entry | _Tails] = OrderedDict()
         self._ids = itertools.count(1)  # next() is atomic under the GIL
@@ -176,9 +175,9 @@ class CachedTokenizer:
         """Token ids of `text` (array of u32, native order), as
         ``Tokenizer.encode(text, add_special_tokens=...)`` gives them."""
         if add_special_tokens:
-            if self._head is None or self._tail is None:
+            if self._frame_head is None or self._frame_tail is None:
                 return array("I", self.tokenizer.encode(text, add_special_tokens=True).ids)
-            return _join([self._head, *self._encode_body(text), self._tail])
+            return _join([self._frame_head, *self._encode_body(text), self._frame_tail])
         return _join(self._encode_body(text))
 
     def clear(self) -> None:

@@ -3,6 +3,8 @@ ByteLevel tokenizer and on Metaspace / Llama-3-style tokenizers trained in fixtu
 
 from __future__ import annotations
 
+import os
+import random
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from kthena_router.scheduling.chat_template import load_chat_template
 from kthena_router.scheduling.tokenizer_cache import (
     CachedTokenizer,
     TokenizerRegistry,
@@ -182,10 +185,6 @@ class _Recording:
 def _conversations(n: int, turns: int, seed: int) -> list[list[str]]:
     """Rendered multi-turn chats sharing a long system prompt (the simulator's template),
     each turn's prompt extending the previous one."""
-    import random
-
-    from kthena_router.scheduling.chat_template import load_chat_template
-
     template = load_chat_template(SIM_TOKENIZER)
     assert template is not None
     rng = random.Random(seed)
@@ -220,7 +219,8 @@ def test_chat_turns_tokenize_only_new_text():
             rec.lengths.clear()
             assert cached.encode(text, False).tolist() == reference.encode(text, add_special_tokens=False).ids
             if turn or c:
-                new = len(text) - (len(prompts[turn - 1]) if turn else len(_common_head(text, convs[0][0])))
+                seen = prompts[turn - 1] if turn else os.path.commonprefix([text, convs[0][0]])
+                new = len(text) - len(seen)
                 warm.append((sum(rec.lengths), new))
     assert cached.stats.resync_failures == 0 and cached.stats.tail_hits > 0
     # a prompt that crosses no chunk boundary tokenizes its new text plus ~step + margin
@@ -229,13 +229,6 @@ def test_chat_turns_tokenize_only_new_text():
     within = [n_chars <= new + limit for n_chars, new in warm]
     assert sum(within) >= len(warm) * 2 // 3, warm
     assert all(n_chars <= new + limit + 2 * cached.chunk_chars for n_chars, new in warm), warm
-
-
-def _common_head(a: str, b: str) -> str:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return a[:n]
 
 
 def test_same_question_again_tokenizes_nothing():

@@ -218,23 +218,11 @@ impl HashScheme {
         }
     }
 
-    /// Append the chain's hashes of at most `max_blocks` full blocks to `out`.
-    pub fn chain(
-        &self,
-        tokens: &[u32],
-        block_size: usize,
-        max_blocks: usize,
-        root: u64,
-        lora: Option<&str>,
-        out: &mut Vec<u64>,
-    ) {
-        self.chain_memo(tokens, block_size, max_blocks, root, lora, None, out);
-    }
-
-    /// [`Self::chain`] with a digest memo for the schemes it pays off for (vLLM's sha256;
-    /// xxh3 is cheaper than a probe and ignores it).
+    /// Append the chain's hashes of at most `max_blocks` full blocks to `out`, with a
+    /// digest memo for the schemes it pays off for (vLLM's sha256; xxh3 is cheaper than a
+    /// probe and ignores it).
     #[allow(clippy::too_many_arguments)]
-    pub fn chain_memo(
+    pub fn chain(
         &self,
         tokens: &[u32],
         block_size: usize,
@@ -345,7 +333,7 @@ mod tests {
             b[20] = 999;
             let run = |t: &[u32], lora| {
                 let mut v = Vec::new();
-                scheme.chain(t, 8, usize::MAX, 5, lora, &mut v);
+                scheme.chain(t, 8, usize::MAX, 5, lora, None, &mut v);
                 v
             };
             let (ha, hb) = (run(&a, None), run(&b, None));
@@ -353,7 +341,7 @@ mod tests {
             assert_eq!(ha[..2], hb[..2]);
             assert!(ha[2..].iter().zip(&hb[2..]).all(|(x, y)| x != y));
             let mut v = Vec::new();
-            scheme.chain(&a, 8, 2, 5, None, &mut v);
+            scheme.chain(&a, 8, 2, 5, None, None, &mut v);
             assert_eq!(v, ha[..2]);
         }
         assert!(HashScheme::by_name("cpython-tuple", "0").is_none());
@@ -364,13 +352,7 @@ mod tests {
     #[test]
     fn memo_chain_equals_plain_chain() {
         let h = VllmSha256Cbor::new("7");
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut rnd = |m: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % m
-        };
+        let mut rnd = crate::test_rng(0x2545_F491_4F6C_DD1D);
         for cap in [0usize, 6, 1 << 16] {
             let mut memo = DigestMemo::new(cap);
             let mut prompts: Vec<Vec<u32>> = vec![(0..200).map(|_| rnd(50_000) as u32).collect()];

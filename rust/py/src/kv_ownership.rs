@@ -57,9 +57,9 @@ fn hash_tokens(
     }
     let mut out = Vec::new();
     if tokens.len().min(max_blocks.saturating_mul(block_size)) > GIL_RELEASE_TOKENS {
-        py.allow_threads(|| s.chain(tokens, block_size, max_blocks, root, lora, &mut out));
+        py.allow_threads(|| s.chain(tokens, block_size, max_blocks, root, lora, None, &mut out));
     } else {
-        s.chain(tokens, block_size, max_blocks, root, lora, &mut out);
+        s.chain(tokens, block_size, max_blocks, root, lora, None, &mut out);
     }
     Ok(out)
 }
@@ -205,7 +205,7 @@ impl KvOwnership {
         let mut hashes = Vec::new();
         let mut run = || {
             let mut m = lock(&memo);
-            scheme.chain_memo(
+            scheme.chain(
                 &t,
                 block_size,
                 max_blocks,
