@@ -34,12 +34,14 @@ Tails. The text after a prompt's last chunk entry (its *tail*, about a chunk at 
 remembered per entry for the last ``_TAILS_PER_ENTRY`` prompts that ended there
 (interleaved conversations over one system prompt): its text, token ids and checkpoints
 every ``tail_step`` characters (a cut at a word start, its anchor and its token index,
-found as above). A prompt whose full chunks all hit compares its own tail with those;
+found as above). A prompt compares its text after its last hit entry with those;
 from the last checkpoint at least ``margin`` characters before the first difference with
 the closest one it tokenizes only the rest (same anchor/check argument). So a request that
 shares a long prefix with an earlier one (system prompt, previous turn) tokenizes about
-``tail_step + margin`` characters plus its new text, not up to a chunk. A prompt that grew
-past a chunk boundary takes the chunk path once, which remembers the new tail.
+``tail_step + margin`` characters plus its new text, not up to a chunk. When it grew past
+chunk boundaries, the new chunk entries take their cuts from the old tail's checkpoints
+(before the resumption) or from the new encoding (after it), and the new tail goes to the
+deepest one. Without a usable tail, tokenization resumes at the last entry's anchor.
 
 Threading: the cache is guarded by a lock held only for dict work, not while encoding (the
 tokenizer releases the GIL, so long prompts may be encoded in a thread).
@@ -127,6 +129,23 @@ class _Tails:
 
 
 @dataclass(slots=True)
+class _Resume:
+    """The tokens of a prompt after an entry's cut (`base`), from an encoding of
+    text[enc_base:] whose token enc_first (starting at `resumed`) is rest[rest_at] (and,
+    resuming from an old tail, that tail and the index of the last checkpoint valid for
+    this prompt; before `resumed` the tokens come from that tail)."""
+    base: int
+    rest: array
+    enc: Encoding
+    enc_base: int
+    enc_first: int
+    rest_at: int
+    resumed: int
+    old: tuple[_Tail, int] | None = None
+    extends: bool = False  # the prompt extends the old tail's text
+
+
+@dataclass(slots=True)
 class CacheStats:
     lookups: int = 0
     chunk_hits: int = 0  # chunks whose tokens were reused
@@ -210,35 +229,33 @@ class CachedTokenizer:
         n_chunks = len(text) // self.chunk_chars
         hits = self._lookup(text, n_chunks) if n_chunks else []
         last = hits[-1] if hits else _ROOT
-        if len(hits) == n_chunks:
-            got = self._encode_from_tail(text, hits, last)
-            if got is not None:
-                return got
-        enc = self.tokenizer.encode(text[last.anchor:], add_special_tokens=False)
-        start = self._resume_index(enc, last.cut - last.anchor)
-        if start is None:
-            with self._lock:
-                self.stats.resync_failures += 1
-            hits, last = [], _ROOT
-            enc = self.tokenizer.encode(text, add_special_tokens=False)
-            start = 0
-        ids = enc.ids
-        out = [e.ids for e in hits]
-        out.append(array("I", ids[start:] if start else ids))
+        r = self._resume_from_tail(text, last)
+        if isinstance(r, array):  # the same prompt again
+            return [*(e.ids for e in hits), r]
+        if r is None:  # no usable tail: from the last chunk entry's anchor
+            enc = self.tokenizer.encode(text[last.anchor:], add_special_tokens=False)
+            start = self._resume_index(enc, last.cut - last.anchor)
+            if start is None:
+                with self._lock:
+                    self.stats.resync_failures += 1
+                hits, last = [], _ROOT
+                enc = self.tokenizer.encode(text, add_special_tokens=False)
+                start = 0
+            ids = enc.ids
+            r = _Resume(last.cut, array("I", ids[start:] if start else ids), enc, last.anchor, start, 0, last.cut)
         new: list[tuple[tuple[int, str], _Entry]] = []
-        end, end_tok = last, start
-        if len(hits) < n_chunks:
-            end, end_tok = self._new_entries(text, hits, last, enc, ids, start, n_chunks, new)
+        end, end_at = self._new_entries(text, hits, last, r, n_chunks, new)
         tail = None
         if len(text) - end.cut <= _MAX_TAIL_CHUNKS * self.chunk_chars:
-            cuts, anchors, toks = array("I"), array("I"), array("I")
-            self._checkpoints(enc, last.anchor, end.cut, end.cut + self.tail_step, end_tok, 0, cuts, anchors, toks)
-            tail = _Tail(text[end.cut:], array("I", ids[end_tok:]), cuts, anchors, toks)
-        self._store(new, end.id, tail)
-        return out
+            tail = self._tail_of(text, r, end.cut, end_at)
+        replaces = r.old[0] if r.old is not None and r.extends and end is last else None
+        self._store(new, end.id, tail, replaces=replaces, tail_hit=r.old is not None)
+        return [*(e.ids for e in hits), r.rest]
 
-    def _encode_from_tail(self, text: str, hits: list[_Entry], last: _Entry) -> list[array] | None:
-        """The ids of `text` from the closest of `last`'s tails (module docstring), or None."""
+    def _resume_from_tail(self, text: str, last: _Entry) -> _Resume | array | None:
+        """Tokenize text[last.cut:] from the closest of `last`'s tails (module docstring):
+        its ids if it is that tail's text again, else the resumption; None if no tail
+        shares enough or the check fails."""
         with self._lock:
             got = self._entries.get(last.id)
             if got is None:
@@ -254,10 +271,10 @@ class CachedTokenizer:
                 n = _common_prefix(text, base, t.text)
                 if n > same:
                     tail, same = t, n
-        if same == len(tail.text) == len(text) - base:  # the same prompt again
+        if same == len(tail.text) == len(text) - base:
             with self._lock:
                 self.stats.tail_hits += 1
-            return [*(e.ids for e in hits), tail.ids]
+            return tail.ids
         k = bisect_right(tail.cuts, same - self.margin) - 1
         if k < 0:
             return None
@@ -268,41 +285,59 @@ class CachedTokenizer:
             with self._lock:
                 self.stats.resync_failures += 1
             return None
-        ids = enc.ids
         rest = tail.ids[:tok]
-        rest.extend(ids[start:])
-        out = [e.ids for e in hits]
-        out.append(rest)
-        # the new tail: the old checkpoints up to the cut, then those of the new text; it
-        # supersedes the old one if it extends it (the next turn of a conversation)
-        cuts, anchors, toks = tail.cuts[:k + 1], tail.anchors[:k + 1], tail.toks[:k + 1]
-        self._checkpoints(enc, base + anchor, base, base + cut + self.tail_step, start, tok, cuts, anchors, toks)
-        self._store([], last.id, _Tail(text[base:], rest, cuts, anchors, toks),
-                    replaces=tail if same == len(tail.text) else None, tail_hit=True)
-        return out
+        rest.extend(enc.ids[start:])
+        return _Resume(base, rest, enc, base + anchor, start, tok, base + cut, (tail, k), same == len(tail.text))
 
-    def _checkpoints(self, enc: Encoding, enc_base: int, tail_base: int, first: int, first_tok: int,
-                     tok_shift: int, cuts: array, anchors: array, toks: array) -> None:
-        """Append a checkpoint every `tail_step` characters from `first` (absolute) to the
-        end of `enc` (the encoding of text[enc_base:]), skipping tokens before
-        `first_tok`; positions relative to `tail_base`, token indices shifted so that
-        `first_tok` maps to `tok_shift`."""
-        end = enc_base + (enc.token_to_chars(len(enc) - 1)[1] if len(enc) else 0)
-        for target in range(first, end, self.tail_step):
-            w = enc.char_to_word(target - enc_base)
-            if w is None or w < 1:
-                continue  # whitespace absorbed by the next token, or the first word
-            cut_tok = enc.word_to_tokens(w)
-            anchor_tok = enc.word_to_tokens(w - 1)
-            if cut_tok is None or anchor_tok is None or cut_tok[0] < first_tok:
+    def _word_start(self, r: _Resume, limit: int) -> tuple[int, int, int] | None:
+        """The last known word start at or before `limit` (absolute) in the remainder `r`:
+        (its position, its anchor's, its token's index in r.rest), or None."""
+        if r.old is not None and limit < r.resumed:
+            tail, k = r.old  # before the resumption: the tail's (still valid) checkpoints
+            j = bisect_right(tail.cuts, limit - r.base, 0, k + 1) - 1
+            if j < 0:
+                return None
+            return r.base + tail.cuts[j], r.base + tail.anchors[j], tail.toks[j]
+        enc, rel = r.enc, limit - r.enc_base
+        w = enc.char_to_word(rel) if rel > 0 else None
+        if w is None or w < 1:
+            return None  # whitespace absorbed by the next token, or the first word
+        cut_tok = enc.word_to_tokens(w)
+        anchor_tok = enc.word_to_tokens(w - 1)
+        if cut_tok is None or anchor_tok is None or cut_tok[0] < r.enc_first:
+            return None
+        return (enc.token_to_chars(cut_tok[0])[0] + r.enc_base, enc.token_to_chars(anchor_tok[0])[0] + r.enc_base,
+                cut_tok[0] - r.enc_first + r.rest_at)
+
+    def _tail_of(self, text: str, r: _Resume, at: int, at_tok: int) -> _Tail:
+        """The tail of `text` after position `at`, whose token is r.rest[at_tok]: checkpoints
+        from the old tail up to the resumption, then every tail_step characters."""
+        cuts, anchors, toks = array("I"), array("I"), array("I")
+        first = at
+        if r.old is not None:
+            tail, k = r.old
+            if at == r.base:
+                cuts, anchors, toks = tail.cuts[:k + 1], tail.anchors[:k + 1], tail.toks[:k + 1]
+            else:
+                for j in range(k + 1):
+                    c, a = r.base + tail.cuts[j], r.base + tail.anchors[j]
+                    if c > at and a >= at:
+                        cuts.append(c - at)
+                        anchors.append(a - at)
+                        toks.append(tail.toks[j] - at_tok)
+            first = max(at, r.resumed)
+        enc = r.enc
+        end = r.enc_base + (enc.token_to_chars(len(enc) - 1)[1] if len(enc) else 0)
+        for target in range(first + self.tail_step, end, self.tail_step):
+            got = self._word_start(r, target)
+            if got is None:
                 continue
-            cut = enc.token_to_chars(cut_tok[0])[0] + enc_base - tail_base
-            anchor = enc.token_to_chars(anchor_tok[0])[0] + enc_base - tail_base
-            if anchor < 0 or (cuts and cut <= cuts[-1]):
-                continue
-            cuts.append(cut)
-            anchors.append(anchor)
-            toks.append(cut_tok[0] - first_tok + tok_shift)
+            c, a, t = got
+            if a >= at and t >= at_tok and (not cuts or c - at > cuts[-1]):
+                cuts.append(c - at)
+                anchors.append(a - at)
+                toks.append(t - at_tok)
+        return _Tail(text[at:], r.rest[at_tok:], cuts, anchors, toks)
 
     @staticmethod
     def _resume_index(enc: Encoding, rel_cut: int) -> int | None:
@@ -313,32 +348,21 @@ class CachedTokenizer:
             return None
         return i
 
-    def _new_entries(self, text: str, hits: list[_Entry], last: _Entry, enc: Encoding, ids: list[int],
-                     start: int, n_chunks: int, new: list[tuple[tuple[int, str], _Entry]]) -> tuple[_Entry, int]:
-        """Entries for the chunks after the hits, from the encoding of text[last.anchor:],
-        appended to `new`; returns the deepest entry and the index in `enc` of its cut."""
-        base = last.anchor
-        prev, prev_tok = last, start
+    def _new_entries(self, text: str, hits: list[_Entry], last: _Entry, r: _Resume, n_chunks: int,
+                     new: list[tuple[tuple[int, str], _Entry]]) -> tuple[_Entry, int]:
+        """Entries for the chunks after the hits, appended to `new`; returns the deepest
+        entry and the index in r.rest of its cut's token."""
+        prev, prev_at = last, 0
         size = self.chunk_chars
         for k in range(len(hits), n_chunks):
-            rel = (k + 1) * size - self.margin - base
-            if rel <= 0:
-                break
-            w = enc.char_to_word(rel)
-            if w is None or w < 1:
-                break
-            cut_tok = enc.word_to_tokens(w)
-            anchor_tok = enc.word_to_tokens(w - 1)
-            if cut_tok is None or anchor_tok is None:
-                break
-            cut = enc.token_to_chars(cut_tok[0])[0] + base
-            anchor = enc.token_to_chars(anchor_tok[0])[0] + base
-            if cut <= prev.cut or anchor < 0:
+            got = self._word_start(r, (k + 1) * size - self.margin)
+            if got is None or got[0] <= prev.cut:
                 break  # one word spans the whole chunk: nothing safe to cache here
-            entry = _Entry(next(self._ids), cut, anchor, array("I", ids[prev_tok:cut_tok[0]]))
+            cut, anchor, at = got
+            entry = _Entry(next(self._ids), cut, anchor, r.rest[prev_at:at])
             new.append(((prev.id, text[k * size:(k + 1) * size]), entry))
-            prev, prev_tok = entry, cut_tok[0]
-        return prev, prev_tok
+            prev, prev_at = entry, at
+        return prev, prev_at
 
     def _store(self, new: list[tuple[tuple[int, str], _Entry]], tail_key: int, tail: _Tail | None,
                replaces: _Tail | None = None, tail_hit: bool = False) -> None:

@@ -222,13 +222,11 @@ def test_chat_turns_tokenize_only_new_text():
                 seen = prompts[turn - 1] if turn else os.path.commonprefix([text, convs[0][0]])
                 new = len(text) - len(seen)
                 warm.append((sum(rec.lengths), new))
-    assert cached.stats.resync_failures == 0 and cached.stats.tail_hits > 0
-    # a prompt that crosses no chunk boundary tokenizes its new text plus ~step + margin
-    # (+ the previous generation prompt); crossing one costs up to a chunk more
-    limit = cached.tail_step + cached.margin + 64
-    within = [n_chars <= new + limit for n_chars, new in warm]
-    assert sum(within) >= len(warm) * 2 // 3, warm
-    assert all(n_chars <= new + limit + 2 * cached.chunk_chars for n_chars, new in warm), warm
+    assert cached.stats.resync_failures == 0 and cached.stats.tail_hits >= len(warm) - 2
+    # new text plus at most a checkpoint step, the margin and the word before the cut,
+    # also when the prompt grew past a chunk boundary (prompts here are 8.6k-15k chars)
+    assert all(n_chars <= new + cached.tail_step + cached.margin + 16 for n_chars, new in warm), warm
+    assert cached.stats.chunk_hits > 0 and max(len(p[-1]) for p in convs) > 3 * cached.chunk_chars
 
 
 def test_same_question_again_tokenizes_nothing():
