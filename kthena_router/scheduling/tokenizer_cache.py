@@ -298,16 +298,11 @@ class CachedTokenizer:
             if j < 0:
                 return None
             return r.base + tail.cuts[j], r.base + tail.anchors[j], tail.toks[j]
-        enc, rel = r.enc, limit - r.enc_base
-        w = enc.char_to_word(rel) if rel > 0 else None
-        if w is None or w < 1:
-            return None  # whitespace absorbed by the next token, or the first word
-        cut_tok = enc.word_to_tokens(w)
-        anchor_tok = enc.word_to_tokens(w - 1)
-        if cut_tok is None or anchor_tok is None or cut_tok[0] < r.enc_first:
+        got = _word_start(r.enc, limit - r.enc_base, r.enc_first)
+        if got is None:
             return None
-        return (enc.token_to_chars(cut_tok[0])[0] + r.enc_base, enc.token_to_chars(anchor_tok[0])[0] + r.enc_base,
-                cut_tok[0] - r.enc_first + r.rest_at)
+        cut, anchor, i = got
+        return cut + r.enc_base, anchor + r.enc_base, i - r.enc_first + r.rest_at
 
     def _tail_of(self, text: str, r: _Resume, at: int, at_tok: int) -> _Tail:
         """The tail of `text` after position `at`, whose token is r.rest[at_tok]: checkpoints
@@ -386,6 +381,35 @@ class CachedTokenizer:
                 _, dropped = self._entries.popitem(last=False)
                 self.stats.cached_tokens -= dropped.cost
             self.stats.entries = len(self._entries)
+
+
+def _word_start(enc: Encoding, rel: int, lo: int) -> tuple[int, int, int] | None:
+    """The start of the last word of `enc` beginning at or before character `rel`, the start
+    of the word before it (both relative to enc's text) and its first token's index (>= lo);
+    None if there is none or it is enc's first word. Binary search with the O(1) accessors
+    (token_to_chars, token_to_word): char_to_word and word_to_tokens scan the encoding."""
+    n = len(enc)
+    if lo >= n or enc.token_to_chars(lo)[0] > rel:
+        return None
+    a, b = lo, n  # the last token starting at or before rel is in [a, b)
+    while b - a > 1:
+        mid = (a + b) // 2
+        if enc.token_to_chars(mid)[0] <= rel:
+            a = mid
+        else:
+            b = mid
+    word = enc.token_to_word(a)
+    while a > 0 and word is not None and enc.token_to_word(a - 1) == word:
+        a -= 1  # the word's first token
+    if word is None or a < lo or a == 0:
+        return None
+    prev = a - 1
+    prev_word = enc.token_to_word(prev)
+    while prev > 0 and prev_word is not None and enc.token_to_word(prev - 1) == prev_word:
+        prev -= 1
+    if prev_word is None:
+        return None
+    return enc.token_to_chars(a)[0], enc.token_to_chars(prev)[0], a
 
 
 _ZERO = array("I", [0])

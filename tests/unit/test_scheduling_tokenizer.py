@@ -248,3 +248,21 @@ def test_tails_count_in_the_bound():
         assert 0 < small.stats.cached_tokens <= 1000
     small.clear()
     assert small.stats.cached_tokens == 0 and small.stats.entries == 0
+
+
+@pytest.mark.parametrize("name", list(TOKENIZERS))
+def test_random_walk_of_prompts_equals_full_tokenization(name):
+    """Longer prompts than the property test's (several chunks): each is an earlier one
+    cut near its end and extended with words, whitespace runs, specials, multi-byte text."""
+    rng = random.Random(7)
+    words = " ".join(CORPUS).split() + ["\n\n", "<|eot_id|>", "  ", "東京", "😀", "12345", "'re"]
+    reference, cached = TOKENIZERS[name](), CachedTokenizer(TOKENIZERS[name](), chunk_chars=300, tail_step=16)
+    prompts = [""]
+    for _ in range(250):
+        base = prompts[-1] if rng.random() < 0.6 else rng.choice(prompts)
+        text = base[:rng.randint(max(0, len(base) - 100), len(base))]
+        text += " ".join(rng.choice(words) for _ in range(rng.randint(0, 60)))
+        assert cached.encode(text, False).tolist() == reference.encode(text, add_special_tokens=False).ids
+        prompts.append(text)
+    assert max(map(len, prompts)) > 10 * cached.chunk_chars
+    assert cached.stats.tail_hits > 100 and cached.stats.chunk_hits > 100
