@@ -120,12 +120,13 @@ impl VllmSha256Cbor {
         block_size: usize,
         max_blocks: usize,
         lora: Option<&str>,
-        mut memo: Option<&mut DigestMemo>,
+        memo: Option<&mut DigestMemo>,
         out: &mut Vec<u64>,
     ) {
         if block_size == 0 {
             return;
         }
+        let mut memo = memo.filter(|m| m.capacity() > 0); // no key building for nothing
         let n = (tokens.len() / block_size).min(max_blocks);
         out.reserve(n);
         // The key is rebuilt in one buffer: only the parent digest and tokens change.
