@@ -204,8 +204,13 @@ class KvOwnership:
     `down_endpoints()`, so the caller falls back to PrefixIndex for it.
     """
 
-    def __init__(self, default_capacity: int, hash_scheme: str = "xxh3", hash_seed: str = "0") -> None:
-        """`hash_scheme`/`hash_seed`: as token_block_hashes (for match_tokens)."""
+    def __init__(self, default_capacity: int, hash_scheme: str = "xxh3", hash_seed: str = "0", *,
+                 hash_memo_blocks: int = 0) -> None:
+        """`hash_scheme`/`hash_seed`: as token_block_hashes (for match_tokens).
+        `hash_memo_blocks`: digests of up to this many recently hashed blocks are remembered
+        (vllm-sha256-cbor only; ~50-100 bytes each), keyed by what the block's digest is
+        computed over (parent digest, tokens, LoRA), so match_tokens does not hash a prefix
+        shared with an earlier prompt again; 0: no memo."""
     def apply(self, endpoint: int, batch: bytes) -> int:
         """Apply a batch in the flat encoding: little-endian u64 words `tag, n, hash * n`
         per event; tag 1 BlockStored (chain order), 2 BlockRemoved, 3 AllBlocksCleared
@@ -223,9 +228,13 @@ class KvOwnership:
         self, tokens: bytes | list[int] | Any, block_size: int, root: int = 0, max_blocks: int = ...,
         lora: str | None = None,
     ) -> tuple[int, list[tuple[int, int]]]:
-        """Hash the tokens with the table's scheme and match, in one call: (blocks hashed,
-        [(endpoint, matched leading blocks)] over stream-up endpoints). Above 8k tokens the
-        hashing runs without the GIL (and without holding the table)."""
+        """Hash the tokens with the table's scheme (blocks hashed before from the digest
+        memo) and match, in one call: (blocks hashed, [(endpoint, matched leading blocks)]
+        over stream-up endpoints). Above 8k tokens the hashing runs without the GIL (and
+        without holding the table)."""
+    def hash_memo_stats(self) -> tuple[int, int, int, int]:
+        """(entries, capacity, hits, misses) of the digest memo; hits/misses count blocks."""
+    def clear_hash_memo(self) -> None: ...
     def remove_endpoint(self, endpoint: int) -> int:
         """Purge an endpoint that disappeared; returns the entries removed."""
     def set_stream_down(self, endpoint: int, down: bool, clear: bool = True) -> None:

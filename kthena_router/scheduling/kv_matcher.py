@@ -2,8 +2,9 @@
 
 Per worker: a `KvEventSubscribers` (one ZMQ subscription per endpoint, kv_events/) feeds a
 Rust `KvOwnership` table through `_Sink`; per request (`match`, called by the Scheduler):
-render the chat template, tokenize locally (cached per prompt prefix), then ONE Rust call
-hashes the tokens with vLLM's sha256_cbor scheme and matches them against the table.
+render the chat template, tokenize locally (cached per prompt prefix: only new text is
+tokenized), then ONE Rust call hashes the tokens with vLLM's sha256_cbor scheme (blocks
+hashed before come from the table's digest memo) and matches them against the table.
 
 Event source of an endpoint (file mode: Endpoints labels; Kubernetes: the pod's labels):
 `tcp://<endpoint ip>:<kthena.io/kv-events-port>` with replay on
@@ -53,6 +54,14 @@ SCHEME = "vllm-sha256-cbor"
 DEFAULT_CAPACITY = 1 << 21
 
 
+def hash_memo_blocks(args: KvCacheAwareArgs) -> int:
+    """Blocks whose digests the table remembers: as many tokens as the tokenizer caches
+    hold (one cache per tokenizer file), so a prefix whose tokens are cached is not hashed
+    again either. ~50-100 bytes per block."""
+    files = max(1, len(set(args.tokenizers.values())))
+    return files * args.tokenizer_cache_tokens // args.block_size_to_hash
+
+
 def event_source(ip: str, labels: Mapping[str, str], args: KvCacheAwareArgs) -> EventSource | None:
     """The endpoint's publisher address from its labels, else the plugin defaults; None if
     the labels are unusable."""
@@ -98,7 +107,8 @@ class KvAwareMatcher:
                  subscriber_options: Mapping[str, Any] | None = None) -> None:
         self.args = args
         self.metrics = metrics
-        self.table = KvOwnership(DEFAULT_CAPACITY, SCHEME, args.hash_seed)
+        self.table = KvOwnership(DEFAULT_CAPACITY, SCHEME, args.hash_seed,
+                                 hash_memo_blocks=hash_memo_blocks(args))
         self.tokenizers = TokenizerRegistry.from_args(args)
         self._templates: dict[str, ChatTemplate | None] = {}
         self.ids: dict[str, int] = {}  # endpoint key -> scheduler endpoint id

@@ -122,6 +122,48 @@ def test_match_tokens_uses_the_table_scheme():
     assert t.match_tokens(big, 16) == (1250, [(5, 10)])
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1_000), st.lists(st.integers(0, 2**32 - 1), max_size=70),
+                          st.sampled_from([1, 4, 16]), st.sampled_from([None, "ad", "ad2"])),
+                min_size=1, max_size=25),
+       st.sampled_from([0, 8, 1 << 12]))
+def test_digest_memo_equals_fresh_hashing(steps, memo_blocks):
+    """Prompts that share prefixes with earlier ones in random ways (cut an earlier prompt,
+    append tokens; random block size and LoRA): match_tokens with the digest memo gives
+    exactly vLLM's hashes (cbor2 oracle), as without it; repeated blocks come from the memo."""
+    t = KvOwnership(1 << 16, hash_scheme="vllm-sha256-cbor", hash_seed="5", hash_memo_blocks=memo_blocks)
+    prompts: list[list[int]] = [[]]
+    for cut, extra, bs, lora in steps:
+        base = prompts[cut % len(prompts)]
+        toks = base[:cut % (len(base) + 1)] + extra
+        want = _cbor2_chain(toks, bs, "5", lora)
+        if cut % 7 == 0:
+            t.clear_hash_memo()
+        t.stored(1, want)
+        assert t.match_tokens(array("I", toks), bs, lora=lora) == (len(want), [(1, len(want))] if want else [])
+        t.all_cleared(1)
+        prompts.append(toks)
+    entries, capacity, hits, misses = t.hash_memo_stats()
+    assert capacity == memo_blocks // 2 * 2 and entries <= capacity
+    if memo_blocks == 0:
+        assert hits == 0
+
+
+def test_digest_memo_serves_a_shared_prefix():
+    t = KvOwnership(1000, hash_scheme="vllm-sha256-cbor", hash_seed="3", hash_memo_blocks=1000)
+    shared = list(range(1000, 1320))  # 20 blocks
+    assert t.match_tokens(shared + [1] * 16, 16) == (21, [])
+    assert t.hash_memo_stats() == (21, 1000, 0, 21)
+    toks = shared + [2] * 40
+    t.stored(9, BlockHasher(16, "sha256_cbor", "3").hashes(toks))
+    assert t.match_tokens(toks, 16) == (22, [(9, 22)])
+    assert t.hash_memo_stats()[2:] == (20, 23)  # the 20 shared blocks were not hashed again
+    assert t.match_tokens(toks, 16, lora="ad") == (22, [])  # another adapter: other digests
+    assert t.hash_memo_stats()[2:] == (20, 45)
+    t.clear_hash_memo()
+    assert t.hash_memo_stats()[0] == 0 and t.match_tokens(toks, 16) == (22, [(9, 22)])
+
+
 def test_large_batch_without_gil_and_capacity():
     t = KvOwnership(5000)
     hashes = list(range(1, 20_001))

@@ -3,6 +3,8 @@ ByteLevel tokenizer and on Metaspace / Llama-3-style tokenizers trained in fixtu
 
 from __future__ import annotations
 
+import os
+import random
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from kthena_router.scheduling.chat_template import load_chat_template
 from kthena_router.scheduling.tokenizer_cache import (
     CachedTokenizer,
     TokenizerRegistry,
@@ -135,3 +138,131 @@ def test_registry_loads_once_and_shares(tmp_path):
     with pytest.raises(TokenizerUnavailable, match="nope.json"):
         reg.get("broken")
     assert [e.split(":")[0] for e in reg.load_all()] == ["broken"]
+
+
+# --- tails: a prompt extending or sharing a prefix with an earlier one tokenizes only the
+# --- text after the last checkpoint before the first difference
+
+@pytest.fixture(scope="module", params=[(name, chunk) for name in TOKENIZERS for chunk in (40, 4096)],
+                ids=lambda p: f"{p[0]}-chunk{p[1]}")
+def tail_pair(request) -> tuple[Tokenizer, CachedTokenizer]:
+    name, chunk = request.param
+    make = TOKENIZERS[name]
+    # dense checkpoints, chunks shorter and longer than the generated prompts
+    return make(), CachedTokenizer(make(), chunk_chars=chunk, cache_tokens=50_000, tail_step=5)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 10_000), TEXT), min_size=1, max_size=8),
+       special=st.booleans())
+def test_tails_equal_full_tokenization(tail_pair, steps, special):
+    """Each prompt is an earlier one (or nothing) cut anywhere, plus new text: edits,
+    extensions, truncations and repeats, each checked against tokenizing from scratch."""
+    reference, cached = tail_pair
+    prompts = [""]
+    for pick, cut, extra in steps:
+        base = prompts[pick % len(prompts)]
+        text = base[:cut % (len(base) + 1)] + extra
+        assert cached.encode(text, special).tolist() == reference.encode(text, add_special_tokens=special).ids
+        prompts.append(text)
+
+
+class _Recording:
+    """A tokenizer that records the length of every text it encodes."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.tok = tok
+        self.lengths: list[int] = []
+
+    def encode(self, text: str, add_special_tokens: bool = True):
+        self.lengths.append(len(text))
+        return self.tok.encode(text, add_special_tokens=add_special_tokens)
+
+    def __getattr__(self, name: str):
+        return getattr(self.tok, name)
+
+
+def _conversations(n: int, turns: int, seed: int) -> list[list[str]]:
+    """Rendered multi-turn chats sharing a long system prompt (the simulator's template),
+    each turn's prompt extending the previous one."""
+    template = load_chat_template(SIM_TOKENIZER)
+    assert template is not None
+    rng = random.Random(seed)
+    words = " ".join(CORPUS).split()
+    say = lambda k: " ".join(rng.choice(words) for _ in range(k))  # noqa: E731
+    system = say(1500)
+    out = []
+    for _ in range(n):
+        messages = [{"role": "system", "content": system}]
+        prompts = []
+        for _ in range(turns):
+            messages.append({"role": "user", "content": say(rng.randint(3, 80)) + "?"})
+            prompts.append(template.render({"messages": messages}))
+            messages.append({"role": "assistant", "content": say(rng.randint(10, 300))})
+        out.append(prompts)
+    return out
+
+
+def test_chat_turns_tokenize_only_new_text():
+    """Interleaved multi-turn conversations over a shared ~1.5k-word system prompt: every
+    prompt equals full tokenization; once warm, a turn tokenizes little more than its new
+    text (the previous answer, the new question, the template around them)."""
+    reference = Tokenizer.from_file(str(SIM_TOKENIZER))
+    rec = _Recording(Tokenizer.from_file(str(SIM_TOKENIZER)))
+    cached = CachedTokenizer(Tokenizer.from_file(str(SIM_TOKENIZER)), chunk_chars=4096)
+    cached.tokenizer = rec  # type: ignore[assignment]
+    convs = _conversations(4, 6, seed=3)
+    warm = []
+    for turn in range(6):
+        for c, prompts in enumerate(convs):
+            text = prompts[turn]
+            rec.lengths.clear()
+            assert cached.encode(text, False).tolist() == reference.encode(text, add_special_tokens=False).ids
+            if turn or c:
+                seen = prompts[turn - 1] if turn else os.path.commonprefix([text, convs[0][0]])
+                new = len(text) - len(seen)
+                warm.append((sum(rec.lengths), new))
+    assert cached.stats.resync_failures == 0 and cached.stats.tail_hits >= len(warm) - 2
+    # new text plus at most a checkpoint step, the margin and the word before the cut,
+    # also when the prompt grew past a chunk boundary (prompts here are 8.6k-15k chars)
+    assert all(n_chars <= new + cached.tail_step + cached.margin + 16 for n_chars, new in warm), warm
+    assert cached.stats.chunk_hits > 0 and max(len(p[-1]) for p in convs) > 3 * cached.chunk_chars
+
+
+def test_same_question_again_tokenizes_nothing():
+    rec = _Recording(Tokenizer.from_file(str(SIM_TOKENIZER)))
+    cached = CachedTokenizer(Tokenizer.from_file(str(SIM_TOKENIZER)), chunk_chars=256)
+    text = " ".join(CORPUS[:8])
+    first = cached.encode(text, True).tolist()
+    cached.tokenizer = rec  # type: ignore[assignment]
+    assert cached.encode(text, True).tolist() == first and rec.lengths == []
+    shorter = text[:-40]
+    assert cached.encode(shorter, True).tolist() == Tokenizer.from_file(str(SIM_TOKENIZER)).encode(shorter).ids
+    assert 0 < sum(rec.lengths) <= cached.tail_step + cached.margin + 40
+
+
+def test_tails_count_in_the_bound():
+    small = CachedTokenizer(Tokenizer.from_file(str(SIM_TOKENIZER)), chunk_chars=4096, cache_tokens=1000)
+    for i in range(40):
+        small.encode(f"{i} " + CORPUS[i % 3] * 2, False)  # shorter than a chunk: tails only
+        assert 0 < small.stats.cached_tokens <= 1000
+    small.clear()
+    assert small.stats.cached_tokens == 0 and small.stats.entries == 0
+
+
+@pytest.mark.parametrize("name", list(TOKENIZERS))
+def test_random_walk_of_prompts_equals_full_tokenization(name):
+    """Longer prompts than the property test's (several chunks): each is an earlier one
+    cut near its end and extended with words, whitespace runs, specials, multi-byte text."""
+    rng = random.Random(7)
+    words = " ".join(CORPUS).split() + ["\n\n", "<|eot_id|>", "  ", "東京", "😀", "12345", "'re"]
+    reference, cached = TOKENIZERS[name](), CachedTokenizer(TOKENIZERS[name](), chunk_chars=300, tail_step=16)
+    prompts = [""]
+    for _ in range(250):
+        base = prompts[-1] if rng.random() < 0.6 else rng.choice(prompts)
+        text = base[:rng.randint(max(0, len(base) - 100), len(base))]
+        text += " ".join(rng.choice(words) for _ in range(rng.randint(0, 60)))
+        assert cached.encode(text, False).tolist() == reference.encode(text, add_special_tokens=False).ids
+        prompts.append(text)
+    assert max(map(len, prompts)) > 10 * cached.chunk_chars
+    assert cached.stats.tail_hits > 100 and cached.stats.chunk_hits > 100

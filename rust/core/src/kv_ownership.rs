@@ -368,10 +368,10 @@ mod tests {
         let h = HashScheme::by_name("vllm-sha256-cbor", "0").unwrap();
         let toks: Vec<u32> = (100..148).collect();
         let (mut a, mut b) = (Vec::new(), Vec::new());
-        h.chain(&toks, 16, 64, 0, None, &mut a);
+        h.chain(&toks, 16, 64, 0, None, None, &mut a);
         let mut other = toks[..32].to_vec();
         other.extend(500..520);
-        h.chain(&other, 16, 64, 0, None, &mut b);
+        h.chain(&other, 16, 64, 0, None, None, &mut b);
         let mut t = KvOwnership::new(100);
         t.stored(3, &a);
         assert_eq!(matched(&mut t, &b), StdMap::from([(3, 2)]));
@@ -381,13 +381,7 @@ mod tests {
     /// capacity (the engine's events are complete).
     #[test]
     fn agrees_with_naive_model() {
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut rnd = |m: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % m
-        };
+        let mut rnd = crate::test_rng(0x9E37_79B9_7F4A_7C15);
         for _ in 0..50 {
             let mut t = KvOwnership::new(u32::MAX);
             let mut model: StdMap<u32, StdMap<u64, u32>> = StdMap::new();

@@ -2,6 +2,7 @@
 //! and free of Python. The `kthena-py` crate exposes them to Python.
 #![forbid(unsafe_code)]
 
+pub mod digest_memo;
 pub mod fairq;
 pub mod json_splice;
 pub mod kv_ownership;
@@ -11,3 +12,16 @@ pub mod prefix_hash;
 pub mod prefix_index;
 pub mod scorer;
 pub mod token_hash;
+
+/// Tests' random numbers: an xorshift64 generator of values below `m` (deterministic,
+/// no dependency).
+#[cfg(test)]
+pub(crate) fn test_rng(seed: u64) -> impl FnMut(u64) -> u64 {
+    let mut x = seed;
+    move |m| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    }
+}

@@ -181,13 +181,7 @@ mod tests {
     /// Randomised comparison against a naive model (Vec per endpoint in LRU order).
     #[test]
     fn agrees_with_naive_model() {
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut rnd = |m: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % m
-        };
+        let mut rnd = crate::test_rng(0x2545_F491_4F6C_DD1D);
         for _round in 0..50 {
             let cap = 1 + rnd(8) as u32;
             let mut ix = PrefixIndex::new(cap);

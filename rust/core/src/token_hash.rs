@@ -14,6 +14,7 @@
 //! LoRA adapter's root value): the caller supplies it. Only full blocks are hashed, as
 //! engines only cache full blocks.
 
+use crate::digest_memo::DigestMemo;
 use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -64,6 +65,7 @@ pub struct VllmSha256Cbor {
 }
 
 /// Canonical CBOR item head (major type, shortest argument).
+#[inline]
 fn cbor_head(major: u8, n: u64, out: &mut Vec<u8>) {
     let m = major << 5;
     if n < 24 {
@@ -107,9 +109,24 @@ impl VllmSha256Cbor {
         lora: Option<&str>,
         out: &mut Vec<u64>,
     ) {
+        self.chain_memo(tokens, block_size, max_blocks, lora, None, out);
+    }
+
+    /// [`Self::chain`], taking each block's digest from `memo` when the same (parent,
+    /// tokens, extra keys) was hashed before (and remembering the new ones).
+    pub fn chain_memo(
+        &self,
+        tokens: &[u32],
+        block_size: usize,
+        max_blocks: usize,
+        lora: Option<&str>,
+        memo: Option<&mut DigestMemo>,
+        out: &mut Vec<u64>,
+    ) {
         if block_size == 0 {
             return;
         }
+        let mut memo = memo.filter(|m| m.capacity() > 0); // no key building for nothing
         let n = (tokens.len() / block_size).min(max_blocks);
         out.reserve(n);
         // The key is rebuilt in one buffer: only the parent digest and tokens change.
@@ -123,19 +140,59 @@ impl VllmSha256Cbor {
             }
         }
         let mut buf = Vec::with_capacity(40 + 5 * block_size + tail.len());
+        // Memo key: le32(block length) || parent || le32 tokens || tail, which determines
+        // the CBOR bytes (so equal keys mean equal sha256 inputs) and is cheaper to build.
+        let mut key = Vec::with_capacity(36 + 4 * block_size + tail.len());
         let mut parent = self.none_hash;
-        for block in tokens.chunks_exact(block_size).take(n) {
-            buf.clear();
-            cbor_head(CBOR_ARRAY, 3, &mut buf);
-            cbor_head(CBOR_BYTES, 32, &mut buf);
-            buf.extend_from_slice(&parent);
-            cbor_head(CBOR_ARRAY, block.len() as u64, &mut buf);
-            for &t in block {
-                cbor_head(0, u64::from(t), &mut buf);
+        let tokens = &tokens[..n * block_size];
+        // Leading blocks shared with a recent chain of the same root and extra keys.
+        let mut tag = Vec::new();
+        let mut shared = None;
+        let mut start = 0;
+        if let Some(m) = memo.as_deref() {
+            tag.extend_from_slice(&self.none_hash);
+            tag.extend_from_slice(&tail);
+            shared = m.recent_prefix(&tag, block_size, tokens);
+            if let Some(p) = shared {
+                let digests = m.prefix_digests(p);
+                out.extend(digests.iter().map(|d| block_hash_key(d)));
+                parent = digests[p.blocks - 1];
+                start = p.blocks;
             }
-            buf.extend_from_slice(&tail);
-            parent = Sha256::digest(&buf).into();
+        }
+        let mut new_digests = Vec::new();
+        for block in tokens[start * block_size..].chunks_exact(block_size) {
+            let cbor = |buf: &mut Vec<u8>| -> [u8; 32] {
+                buf.clear();
+                cbor_head(CBOR_ARRAY, 3, buf);
+                cbor_head(CBOR_BYTES, 32, buf);
+                buf.extend_from_slice(&parent);
+                cbor_head(CBOR_ARRAY, block.len() as u64, buf);
+                for &t in block {
+                    cbor_head(0, u64::from(t), buf);
+                }
+                buf.extend_from_slice(&tail);
+                Sha256::digest(&*buf).into()
+            };
+            parent = match memo.as_deref_mut() {
+                Some(m) => {
+                    key.clear();
+                    key.extend_from_slice(&(block.len() as u32).to_le_bytes());
+                    key.extend_from_slice(&parent);
+                    for &t in block {
+                        key.extend_from_slice(&t.to_le_bytes());
+                    }
+                    key.extend_from_slice(&tail);
+                    let d = m.digest(&key, || cbor(&mut buf));
+                    new_digests.push(d);
+                    d
+                }
+                None => cbor(&mut buf),
+            };
             out.push(block_hash_key(&parent));
+        }
+        if let Some(m) = memo {
+            m.remember_chain(&tag, block_size, tokens, shared, &new_digests);
         }
     }
 }
@@ -162,7 +219,10 @@ impl HashScheme {
         }
     }
 
-    /// Append the chain's hashes of at most `max_blocks` full blocks to `out`.
+    /// Append the chain's hashes of at most `max_blocks` full blocks to `out`, with a
+    /// digest memo for the schemes it pays off for (vLLM's sha256; xxh3 is cheaper than a
+    /// probe and ignores it).
+    #[allow(clippy::too_many_arguments)]
     pub fn chain(
         &self,
         tokens: &[u32],
@@ -170,11 +230,14 @@ impl HashScheme {
         max_blocks: usize,
         root: u64,
         lora: Option<&str>,
+        memo: Option<&mut DigestMemo>,
         out: &mut Vec<u64>,
     ) {
         match self {
             HashScheme::Xxh3(h) => chain_token_hashes(h, root, tokens, block_size, max_blocks, out),
-            HashScheme::VllmSha256Cbor(h) => h.chain(tokens, block_size, max_blocks, lora, out),
+            HashScheme::VllmSha256Cbor(h) => {
+                h.chain_memo(tokens, block_size, max_blocks, lora, memo, out)
+            }
         }
     }
 }
@@ -271,7 +334,7 @@ mod tests {
             b[20] = 999;
             let run = |t: &[u32], lora| {
                 let mut v = Vec::new();
-                scheme.chain(t, 8, usize::MAX, 5, lora, &mut v);
+                scheme.chain(t, 8, usize::MAX, 5, lora, None, &mut v);
                 v
             };
             let (ha, hb) = (run(&a, None), run(&b, None));
@@ -279,10 +342,44 @@ mod tests {
             assert_eq!(ha[..2], hb[..2]);
             assert!(ha[2..].iter().zip(&hb[2..]).all(|(x, y)| x != y));
             let mut v = Vec::new();
-            scheme.chain(&a, 8, 2, 5, None, &mut v);
+            scheme.chain(&a, 8, 2, 5, None, None, &mut v);
             assert_eq!(v, ha[..2]);
         }
         assert!(HashScheme::by_name("cpython-tuple", "0").is_none());
+    }
+
+    /// Random prompts sharing prefixes of random lengths (and LoRA or not): the memoised
+    /// chain equals the plain one, and shared full blocks are served from the memo.
+    #[test]
+    fn memo_chain_equals_plain_chain() {
+        let h = VllmSha256Cbor::new("7");
+        let mut rnd = crate::test_rng(0x2545_F491_4F6C_DD1D);
+        for cap in [0usize, 6, 1 << 16] {
+            let mut memo = DigestMemo::new(cap);
+            let mut prompts: Vec<Vec<u32>> = vec![(0..200).map(|_| rnd(50_000) as u32).collect()];
+            for _ in 0..200 {
+                let base = &prompts[rnd(prompts.len() as u64) as usize];
+                let keep = rnd(base.len() as u64 + 1) as usize;
+                let mut p = base[..keep].to_vec();
+                p.extend((0..rnd(80)).map(|_| rnd(50_000) as u32));
+                let bs = [1usize, 4, 16][rnd(3) as usize];
+                let lora = [None, Some("a"), Some("bb")][rnd(3) as usize];
+                let (mut plain, mut memod) = (Vec::new(), Vec::new());
+                h.chain(&p, bs, usize::MAX, lora, &mut plain);
+                h.chain_memo(&p, bs, usize::MAX, lora, Some(&mut memo), &mut memod);
+                assert_eq!(plain, memod);
+                if cap == 1 << 16 {
+                    // a second pass is served entirely from the memo
+                    let mut again = Vec::new();
+                    let hits = memo.hits();
+                    h.chain_memo(&p, bs, usize::MAX, lora, Some(&mut memo), &mut again);
+                    assert_eq!(again, plain);
+                    assert_eq!(memo.hits() - hits, plain.len() as u64);
+                }
+                assert!(memo.len() <= cap);
+                prompts.push(p);
+            }
+        }
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! Binding of the KV-event ownership table and the token block hashing.
 
+use kthena_core::digest_memo::DigestMemo;
 use kthena_core::kv_ownership;
 use kthena_core::token_hash::{self, HashScheme};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Batches (bytes) and token arrays above these sizes are processed without the GIL.
 const GIL_RELEASE_BATCH_BYTES: usize = 64 * 1024;
@@ -55,11 +57,16 @@ fn hash_tokens(
     }
     let mut out = Vec::new();
     if tokens.len().min(max_blocks.saturating_mul(block_size)) > GIL_RELEASE_TOKENS {
-        py.allow_threads(|| s.chain(tokens, block_size, max_blocks, root, lora, &mut out));
+        py.allow_threads(|| s.chain(tokens, block_size, max_blocks, root, lora, None, &mut out));
     } else {
-        s.chain(tokens, block_size, max_blocks, root, lora, &mut out);
+        s.chain(tokens, block_size, max_blocks, root, lora, None, &mut out);
     }
     Ok(out)
+}
+
+fn lock(memo: &Mutex<DigestMemo>) -> MutexGuard<'_, DigestMemo> {
+    // A panic while holding it leaves a consistent memo (entries are inserted whole).
+    memo.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Chain hashes of the first min(len // block_size, max_blocks) full token blocks with
@@ -95,18 +102,37 @@ pub struct KvOwnership {
     inner: kv_ownership::KvOwnership,
     scheme: HashScheme,
     out: Vec<(u32, u32)>,
+    /// Digests of recently hashed blocks (match_tokens); its own lock, so that long prompts
+    /// are hashed without the GIL and without holding the table.
+    memo: Arc<Mutex<DigestMemo>>,
 }
 
 #[pymethods]
 impl KvOwnership {
     #[new]
-    #[pyo3(signature = (default_capacity, hash_scheme="xxh3", hash_seed="0"))]
-    fn new(default_capacity: u32, hash_scheme: &str, hash_seed: &str) -> PyResult<Self> {
+    #[pyo3(signature = (default_capacity, hash_scheme="xxh3", hash_seed="0", *, hash_memo_blocks=0))]
+    fn new(
+        default_capacity: u32,
+        hash_scheme: &str,
+        hash_seed: &str,
+        hash_memo_blocks: usize,
+    ) -> PyResult<Self> {
         Ok(KvOwnership {
             inner: kv_ownership::KvOwnership::new(default_capacity),
             scheme: scheme(hash_scheme, hash_seed)?,
             out: Vec::new(),
+            memo: Arc::new(Mutex::new(DigestMemo::new(hash_memo_blocks))),
         })
+    }
+
+    /// (entries, capacity, hits, misses) of the block digest memo.
+    fn hash_memo_stats(&self) -> (usize, usize, u64, u64) {
+        let m = lock(&self.memo);
+        (m.len(), m.capacity(), m.hits(), m.misses())
+    }
+
+    fn clear_hash_memo(&self) {
+        lock(&self.memo).clear();
     }
 
     /// Apply a batch in the flat encoding (little-endian u64 words: tag, n, n hashes;
@@ -154,9 +180,10 @@ impl KvOwnership {
         self.out.clone()
     }
 
-    /// Hash the request's tokens with the table's scheme, then match:
-    /// (number of full blocks hashed, [(endpoint, matched_blocks)]). Long prompts are
-    /// hashed without the GIL and without holding the table (other threads may use it).
+    /// Hash the request's tokens with the table's scheme (blocks hashed before come from
+    /// the digest memo), then match: (number of full blocks hashed, [(endpoint,
+    /// matched_blocks)]). Long prompts are hashed without the GIL and without holding the
+    /// table (other threads may use it).
     #[pyo3(signature = (tokens, block_size, root=0, max_blocks=usize::MAX, lora=None))]
     fn match_tokens(
         slf: &Bound<'_, Self>,
@@ -168,8 +195,31 @@ impl KvOwnership {
     ) -> PyResult<(usize, Vec<(u32, u32)>)> {
         let py = slf.py();
         let t = tokens_of(tokens)?;
-        let scheme = slf.borrow().scheme;
-        let hashes = hash_tokens(py, scheme, &t, block_size, root, max_blocks, lora)?;
+        if block_size == 0 {
+            return Err(PyValueError::new_err("block_size must be positive"));
+        }
+        let (scheme, memo) = {
+            let me = slf.borrow();
+            (me.scheme, Arc::clone(&me.memo))
+        };
+        let mut hashes = Vec::new();
+        let mut run = || {
+            let mut m = lock(&memo);
+            scheme.chain(
+                &t,
+                block_size,
+                max_blocks,
+                root,
+                lora,
+                Some(&mut m),
+                &mut hashes,
+            )
+        };
+        if t.len().min(max_blocks.saturating_mul(block_size)) > GIL_RELEASE_TOKENS {
+            py.allow_threads(run);
+        } else {
+            run();
+        }
         let mut me = slf.borrow_mut();
         let me = &mut *me;
         me.inner.match_hashes(&hashes, &mut me.out);

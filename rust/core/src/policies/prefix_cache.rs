@@ -65,7 +65,8 @@ const KV_ARGS: &[ArgSpec] = &[
         .ours()
         .router(),
     // Ours: prefix-cache granularity of the tokenizer cache, and its size per model and
-    // worker (~9 bytes per token: ids + chunk text).
+    // worker (~9 bytes per token: ids + text, tails included); kvcache-aware's digest
+    // memo holds tokenizerCacheTokens / blockSizeToHash blocks per tokenizer file.
     ArgSpec::int(
         "tokenizerChunkChars",
         "tokenizer_chunk_chars",
