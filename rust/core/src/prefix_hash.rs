@@ -86,7 +86,10 @@ mod tests {
         assert_eq!(prefix_key(p, 4, 3, 2), hashes(p, 4, 3, 100)[1]);
         assert_eq!(prefix_key(p, 4, 3, 99), hashes(p, 4, 3, 100)[3]);
         // Same leading blocks, different rest: same key.
-        assert_eq!(prefix_key(b"01234567zz", 4, 3, 2), prefix_key(b"01234567yyyy", 4, 3, 2));
+        assert_eq!(
+            prefix_key(b"01234567zz", 4, 3, 2),
+            prefix_key(b"01234567yyyy", 4, 3, 2)
+        );
         assert_ne!(prefix_key(b"0123", 4, 3, 2), prefix_key(b"0124", 4, 3, 2));
         assert_ne!(prefix_key(b"ab", 4, 3, 2), prefix_key(b"ac", 4, 3, 2)); // no full block
     }

@@ -41,11 +41,10 @@ const BLOCK_BYTES: ArgSpec = ArgSpec::int("blockSizeToHash", "block_size_to_hash
 /// Ours: leading blocks that make the key: 16 x 64 bytes = the first 1 KiB of the rendered
 /// prompt (a system prompt, or the first turn of a conversation); a longer shared prefix
 /// then maps to one engine, a shorter one is told apart by what follows it.
-const KEY_BLOCKS: ArgSpec =
-    ArgSpec::int("prefixKeyBlocks", "prefix_key_blocks", Value::Int(16))
-        .positive()
-        .ours()
-        .router();
+const KEY_BLOCKS: ArgSpec = ArgSpec::int("prefixKeyBlocks", "prefix_key_blocks", Value::Int(16))
+    .positive()
+    .ours()
+    .router();
 /// Ours: c of the bound, refused below 1 (no placement could meet it) and above 100.
 const LOAD_FACTOR: ArgSpec = ArgSpec::float("loadFactor", "load_factor", 1.25)
     .range(1.0, 100.0)

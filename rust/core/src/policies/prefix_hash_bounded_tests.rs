@@ -48,7 +48,11 @@ fn same_key_same_endpoint_in_every_replica() {
     for key in 0..500u64 {
         let first = pick(&mut a, key);
         assert_eq!(pick(&mut a, key), first, "key {key} moved between requests");
-        assert_eq!(ident_of_b(pick(&mut b, key)), ident_of_a(first), "replicas disagree on {key}");
+        assert_eq!(
+            ident_of_b(pick(&mut b, key)),
+            ident_of_a(first),
+            "replicas disagree on {key}"
+        );
     }
     // The whole failover order agrees too.
     let (mut oa, mut ob) = (Vec::new(), Vec::new());
@@ -140,7 +144,7 @@ fn load_stays_within_the_bound() {
         let mut out = Vec::new();
         for step in 0..4000u64 {
             rng = mix64(rng);
-            let finish = rng % 3 == 0 && load.iter().sum::<u64>() > 0;
+            let finish = rng.is_multiple_of(3) && load.iter().sum::<u64>() > 0;
             if finish {
                 let busy: Vec<usize> = (0..n).filter(|&i| load[i] > 0).collect();
                 let i = busy[(rng >> 8) as usize % busy.len()];
@@ -148,11 +152,14 @@ fn load_stays_within_the_bound() {
                 s.add_in_flight(i as u32, -1);
                 continue;
             }
-            let key = if rng % 4 == 0 { rng >> 16 } else { 99 }; // 3/4 of requests: one key
+            let key = if rng.is_multiple_of(4) { rng >> 16 } else { 99 }; // 3/4 of requests: one key
             s.schedule_keyed(step, Some(key), &[], None, 0, &mut out);
             let e = out[0] as usize;
             let cap = capacity(factor, load.iter().sum(), n);
-            assert!(load[e] < cap, "factor {factor} step {step}: {load:?} cap {cap} -> {e}");
+            assert!(
+                load[e] < cap,
+                "factor {factor} step {step}: {load:?} cap {cap} -> {e}"
+            );
             load[e] += 1;
             s.add_in_flight(e as u32, 1);
         }
