@@ -12,7 +12,6 @@ Import as `import haproxy_harness` (tests/ is on sys.path through tests/conftest
 from __future__ import annotations
 
 import shutil
-import socket
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -80,11 +79,7 @@ class Haproxy:
         assert self.process is not None
         if not self.process.alive():
             raise RuntimeError(f"haproxy exited with {self.process.returncode}\n{self.process.tail()}")
-        try:
-            with socket.create_connection((harness.HOST, self.port), timeout=1.0):
-                return True
-        except OSError:
-            return False
+        return harness.port_accepts(self.port)
 
     def stop(self) -> None:
         if self.process is not None:

@@ -147,16 +147,21 @@ def test_the_load_bound_spills_a_hot_prefix(sim: harness.Simulator, config: Path
         assert counts[home] == max(counts.values()), (home, counts)
 
 
-def test_replicas_behind_haproxy_agree_on_the_engine(sim: harness.Simulator, config: Path, tmp_path: Path) -> None:
-    routers = start_routers(config, tmp_path, 3, 1.25)
+def through_haproxy(config: Path, tmp_path: Path, factor: float | None, tag: str) -> list[float]:
+    """Three replicas behind haproxy, the traffic sent through it; requests each replica served."""
+    routers = start_routers(config, tmp_path, 3, factor)
     hap = haproxy_harness.start_haproxy(tmp_path, [r.port for r in routers])
     try:
-        send_each_on_a_new_connection(hap.openai_url, "h")
-        served = [router_requests(r) for r in routers]
+        send_each_on_a_new_connection(hap.openai_url, tag)
+        return [router_requests(r) for r in routers]
     finally:
         hap.stop()
         for r in routers:
             r.stop()
+
+
+def test_replicas_behind_haproxy_agree_on_the_engine(sim: harness.Simulator, config: Path, tmp_path: Path) -> None:
+    served = through_haproxy(config, tmp_path, 1.25, "h")
     # round-robin per connection: every replica served a third of the requests
     assert sum(served) == GROUPS * PER_GROUP and min(served) >= GROUPS * PER_GROUP // 3 - 1, served
     groups = engines_per_group(sim, "h")
@@ -166,17 +171,9 @@ def test_replicas_behind_haproxy_agree_on_the_engine(sim: harness.Simulator, con
 
 def test_round_robin_replicas_behind_haproxy_scatter_a_prefix(sim: harness.Simulator, config: Path,
                                                              tmp_path: Path) -> None:
-    """The control: the same traffic through round-robin replicas reaches every engine
+    """The control: the same traffic through round-robin replicas reaches several engines
     with every prefix (each replica sends consecutive requests to different engines)."""
-    routers = start_routers(config, tmp_path, 3, None)
-    hap = haproxy_harness.start_haproxy(tmp_path, [r.port for r in routers])
-    try:
-        send_each_on_a_new_connection(hap.openai_url, "r")
-        served = [router_requests(r) for r in routers]
-    finally:
-        hap.stop()
-        for r in routers:
-            r.stop()
+    served = through_haproxy(config, tmp_path, None, "r")
     assert min(served) >= GROUPS * PER_GROUP // 3 - 1, served
     groups = engines_per_group(sim, "r")
     assert all(len(e) >= 2 for e in groups), groups
