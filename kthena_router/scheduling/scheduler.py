@@ -209,7 +209,7 @@ class Scheduler:
         total = 0
         lora_id: int | None = None
         rid_hash = 0
-        key: int | None = None
+        hash_key: int | None = None  # prefix-hash-bounded's (`key` is the ModelServer's)
         model = ""
         if info is not None:
             model = info.model_label
@@ -219,12 +219,12 @@ class Scheduler:
             if self.use_prefix:
                 matches, total = self._match(info)
             if self.use_key:
-                key = self._prefix_key(info)
+                hash_key = self._prefix_key(info)
         best_fraction = max(matches, key=_best)[1] / total if matches and total else 0.0
         if self.balance_misses and total and best_fraction < MISS_FRACTION:
             matches = self._room(view, total)
         t1 = time.perf_counter()
-        ids = view.scorer.schedule(rid_hash, matches, lora_id, total, key)
+        ids = view.scorer.schedule(rid_hash, matches, lora_id, total, hash_key)
         t2 = time.perf_counter()
         by_id = view.by_id
         usable, panic = self.selector.usable(key, endpoints)

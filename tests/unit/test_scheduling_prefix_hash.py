@@ -84,3 +84,14 @@ def test_arguments_are_validated_by_name():
     a = load_router_configuration_bytes(cfg("prefixKeyBlocks: 4, blockSizeToHash: 16"), source="r.yaml")
     args = a.scheduler.args["prefix-hash-bounded"]
     assert (args.prefix_key_blocks, args.block_size_to_hash, args.load_factor) == (4, 16, 1.25)
+
+
+def test_an_ejected_home_engine_hands_its_prefix_to_the_next_in_order():
+    eps = endpoints(4)
+    s, _ = sched(cfg())
+    fresh(s, eps)
+    order = s.candidates(KEY, eps, chat("r0", "q"))
+    order[0].health.healthy = False
+    assert s.candidates(KEY, eps, chat("r1", "q")) == order[1:]
+    order[0].health.healthy = True
+    assert s.candidates(KEY, eps, chat("r2", "q")) == order
