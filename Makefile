@@ -8,7 +8,7 @@ EXT    := kthena_router/_core.abi3.so
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 RUST_SRC := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml
 
-.PHONY: run test build cargo-test pytest bench bench-overhead clean redis-server prometheus k8s-testbin
+.PHONY: run test build cargo-test pytest bench bench-overhead clean redis-server prometheus haproxy k8s-testbin
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -48,12 +48,21 @@ prometheus:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus >/dev/null; }
 
+# Debian's haproxy: the tests of several router replicas put a real L4 balancer in front of
+# them (tests/haproxy_harness.py runs its own in the foreground; a service the package may
+# start is not used).
+haproxy:
+	@command -v haproxy >/dev/null 2>&1 || { \
+	  echo "installing Debian's haproxy"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq haproxy >/dev/null; }
+
 # kube-apiserver, kube-controller-manager, kubectl and etcd built from Go modules for the
 # Kubernetes tests (cached under ~/.cache/kthena-testbin; about 18 min on 2 cores when cold).
 k8s-testbin:
 	bash scripts/k8s-testbin.sh >/dev/null
 
-pytest: build redis-server prometheus k8s-testbin
+pytest: build redis-server prometheus haproxy k8s-testbin
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 
 test: build cargo-test pytest

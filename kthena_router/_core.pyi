@@ -26,6 +26,12 @@ def prefix_hashes(prompt: bytes, block_size: int, seed: int, max_blocks: int) ->
     h_i = xxh3_64_with_seed(le64(h_{i-1}) || block_i, seed), h_{-1} = seed. A trailing
     partial block is not hashed. ValueError if block_size is 0. GIL released above 32 KiB."""
 
+def prefix_key(prompt: bytes, block_size: int, seed: int, blocks: int) -> int:
+    """Consistent-hash key of a prompt: the chain hash (as `prefix_hashes`) of its first
+    `blocks` full blocks, of all of them when it has fewer; a prompt without a full block
+    hashes whole (xxh3_64_with_seed). ValueError if block_size is 0. GIL released above
+    32 KiB of work."""
+
 class BlockHashes:
     """Chain hashes of one prompt, kept in Rust (no Python int per block)."""
 
@@ -107,8 +113,10 @@ class Scorer:
     @staticmethod
     def request_hash(request_id: bytes) -> int:
         """xxh3-64 of the request id: the `request_id_hash` for `schedule`."""
-    def add_endpoint(self, endpoint: int) -> None:
-        """Register an endpoint (stale until its first metrics)."""
+    def add_endpoint(self, endpoint: int, identity: bytes | None = None) -> None:
+        """Register an endpoint (stale until its first metrics). `identity`: its address
+        bytes (b"ip:port"), the same in every router process; consistent hashing
+        (prefix-hash-bounded) ranks endpoints by it, never by the process's id."""
     def remove_endpoint(self, endpoint: int) -> bool: ...
     def endpoints(self) -> list[int]:
         """Live endpoint ids, ascending."""
@@ -133,8 +141,11 @@ class Scorer:
         prefix_matches: list[tuple[int, int]] | None,
         lora_id: int | None,
         total_blocks: int,
+        prefix_key: int | None = None,
     ) -> list[int]:
         """Ordered candidate endpoint ids (at most max_candidates, 0 = all).
+        `prefix_key`: the request's `prefix_key(...)`, read by consistent-hash plugins
+        (prefix-hash-bounded); None: the request id hash stands in.
         `prefix_matches`: [(endpoint, matched_blocks)] out of `total_blocks` (e.g.
         `PrefixIndex.match_prompt(...)[1]`, or KvOwnership's merged with it for endpoints
         whose event stream is down); both prefix-cache and kvcache-aware score the matched
@@ -160,6 +171,7 @@ class PluginDict(TypedDict):
     filter: bool  # may be listed under plugins.Filter
     affinity: bool  # enables the hot-spot guard
     prefix_input: bool  # scores the caller's per-request prefix match
+    prefix_key: bool  # reads the request's prefix key (`schedule(prefix_key=...)`)
     args: list[ArgSpecDict]
 
 def plugin_registry() -> list[PluginDict]:

@@ -50,7 +50,7 @@ from .plugins import FILTER_PLUGINS, PLUGINS, REFUSED_PLUGINS, SCORE_PLUGINS, Ar
 
 __all__ = [
     "AuthConfig", "EmptyArgs", "KvCacheAwareArgs", "LeastLatencyArgs", "LeastRequestArgs",
-    "PluginArgs", "PrefixCacheArgs", "RouterConfiguration", "SchedulerSettings", "ScorePlugin",
+    "PluginArgs", "PrefixCacheArgs", "PrefixHashBoundedArgs", "RouterConfiguration", "SchedulerSettings", "ScorePlugin",
     "CONFIGMAP_KEY", "FILTER_PLUGINS", "SCORE_PLUGINS", "REFUSED_PLUGINS",
     "load_router_configuration_file", "load_router_configuration_bytes", "router_configuration_from_object",
 ]
@@ -106,7 +106,15 @@ class KvCacheAwareArgs:
     kv_events_replay_port: int = arg_default("kvcache-aware", "kvEventsReplayPort")
 
 
-PluginArgs = EmptyArgs | LeastRequestArgs | LeastLatencyArgs | PrefixCacheArgs | KvCacheAwareArgs
+@dataclass(frozen=True, slots=True)
+class PrefixHashBoundedArgs:
+    block_size_to_hash: int = arg_default("prefix-hash-bounded", "blockSizeToHash")
+    prefix_key_blocks: int = arg_default("prefix-hash-bounded", "prefixKeyBlocks")
+    load_factor: float = arg_default("prefix-hash-bounded", "loadFactor")
+
+
+PluginArgs = EmptyArgs | LeastRequestArgs | LeastLatencyArgs | PrefixCacheArgs | KvCacheAwareArgs | \
+    PrefixHashBoundedArgs
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +177,8 @@ DEFAULT_SCORES = (ScorePlugin("least-request", 1.0), ScorePlugin("gpu-usage", 1.
 # --------------------------------------------------------------------------- arguments
 
 _DECLARED: dict[str, type] = {"least-request": LeastRequestArgs, "least-latency": LeastLatencyArgs,
-                              "prefix-cache": PrefixCacheArgs, "kvcache-aware": KvCacheAwareArgs}
+                              "prefix-cache": PrefixCacheArgs, "kvcache-aware": KvCacheAwareArgs,
+                              "prefix-hash-bounded": PrefixHashBoundedArgs}
 _ARG_CLASSES: dict[str, type] = {
     n: args_class(n, _DECLARED.get(n)) if p.args else EmptyArgs for n, p in PLUGINS.items()}
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from .. import _core
 
 __all__ = ["ArgSpec", "PluginSpec", "PLUGINS", "REFUSED_PLUGINS", "SCORE_PLUGINS", "FILTER_PLUGINS",
-           "PREFIX_PLUGINS", "arg_default", "args_class"]
+           "PREFIX_PLUGINS", "KEY_PLUGINS", "arg_default", "args_class"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,7 @@ class PluginSpec:
     filter: bool
     affinity: bool
     prefix_input: bool  # scores the per-request prefix match the router computes
+    prefix_key: bool  # reads the request's prefix key (hash of its leading blocks)
     args: tuple[ArgSpec, ...]
 
     def arg(self, name: str) -> ArgSpec | None:
@@ -59,13 +60,14 @@ def _arg(d: Mapping[str, Any]) -> ArgSpec:
 
 PLUGINS: Mapping[str, PluginSpec] = MappingProxyType({
     p["name"]: PluginSpec(p["name"], p["score"], p["filter"], p["affinity"], p["prefix_input"],
-                          tuple(_arg(a) for a in p["args"]))
+                          p["prefix_key"], tuple(_arg(a) for a in p["args"]))
     for p in _core.plugin_registry()
 })
 REFUSED_PLUGINS: Mapping[str, str] = MappingProxyType(dict(_core.refused_plugins()))
 SCORE_PLUGINS = tuple(n for n, p in PLUGINS.items() if p.score)
 FILTER_PLUGINS = tuple(n for n, p in PLUGINS.items() if p.filter)
 PREFIX_PLUGINS = tuple(n for n, p in PLUGINS.items() if p.prefix_input)
+KEY_PLUGINS = tuple(n for n, p in PLUGINS.items() if p.prefix_key)
 
 
 def arg_default(plugin: str, arg: str) -> Any:

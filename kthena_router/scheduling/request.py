@@ -10,13 +10,14 @@ from typing import Any
 
 from .render import render_request
 
+_UNSET: Any = object()
 CHAT_PATH = "/v1/chat/completions"
 PROMPT_PATHS = frozenset((CHAT_PATH, "/v1/completions"))
 
 
 class RequestInfo:
     __slots__ = ("request_id", "path", "obj", "model", "lora", "model_label", "hashes", "hash_tag", "prompt_bytes",
-                 "tokens", "tokens_ready")
+                 "tokens", "tokens_ready", "key_tag", "prefix_key", "_rendered")
 
     def __init__(self, request_id: str, path: str, obj: Any, model: str, lora: str, model_label: str) -> None:
         self.request_id = request_id
@@ -32,6 +33,10 @@ class RequestInfo:
         self.prompt_bytes = 0  # length of the hashed prompt, set with `hashes`
         self.tokens: Any = None  # token ids, when tokenized ahead (off the event loop)
         self.tokens_ready = False
+        # prefix-hash-bounded's key and the (block size, blocks, seed) it was computed with
+        self.key_tag: tuple[int, int, int] | None = None
+        self.prefix_key: int | None = None
+        self._rendered: Any = _UNSET  # prompt(), rendered once (prefix-cache and the key share it)
 
     def prompt_chars(self) -> int:
         """A cheap size estimate of the prompt text (decides whether tokenizing may block)."""
@@ -56,9 +61,13 @@ class RequestInfo:
     def prompt(self) -> bytes | None:
         """Canonical prompt bytes, or None when the request has no prompt we understand
         (other paths, malformed messages: the engine answers those; we just do not match)."""
-        if self.path not in PROMPT_PATHS or type(self.obj) is not dict:
-            return None
-        try:
-            return render_request(self.obj, self.path == CHAT_PATH)
-        except (ValueError, TypeError, AttributeError, RecursionError):  # nesting beyond what we render
-            return None
+        if self._rendered is not _UNSET:
+            return self._rendered  # type: ignore[no-any-return]
+        rendered: bytes | None = None
+        if self.path in PROMPT_PATHS and type(self.obj) is dict:
+            try:
+                rendered = render_request(self.obj, self.path == CHAT_PATH)
+            except (ValueError, TypeError, AttributeError, RecursionError):  # nesting beyond what we render
+                rendered = None
+        self._rendered = rendered
+        return rendered

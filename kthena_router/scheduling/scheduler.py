@@ -31,15 +31,15 @@ from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Protocol
 
-from kthena_router._core import PrefixIndex, Scorer, prefix_seed
+from kthena_router._core import PrefixIndex, Scorer, prefix_key, prefix_seed
 from kthena_router.endpoints.registry import EndpointState, ServerKey
 from kthena_router.endpoints.selection import EndpointSelector
 from kthena_router.engine_state.snapshot import EndpointSnapshot
 from kthena_router.metrics import RouterMetrics
 
-from .config import PrefixCacheArgs, SchedulerSettings
+from .config import PrefixCacheArgs, PrefixHashBoundedArgs, SchedulerSettings
 from .index_sizing import IndexSizer
-from .plugins import PREFIX_PLUGINS
+from .plugins import KEY_PLUGINS, PREFIX_PLUGINS
 from .request import RequestInfo
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,10 @@ class Scheduler:
         self.use_prefix = any(cfg.enabled(n) for n in PREFIX_PLUGINS)
         self.kv_aware = cfg.enabled("kvcache-aware")
         self.balance_misses = self.use_prefix and self.prefix_args.balance_misses
+        # prefix-hash-bounded: the request's key is the hash of its leading prompt blocks
+        ka = cfg.args.get("prefix-hash-bounded")
+        self.key_args = ka if isinstance(ka, PrefixHashBoundedArgs) else PrefixHashBoundedArgs()
+        self.use_key = any(cfg.enabled(n) for n in KEY_PLUGINS)
         self.kv_matcher: KvAwareMatcher | None = None
         fixed = self.prefix_args.max_hash_cache_size
         self.index = PrefixIndex(fixed if fixed is not None else DEFAULT_INDEX_CAPACITY)
@@ -169,7 +173,8 @@ class Scheduler:
         known = set(scorer.endpoints())
         for ep_id, ep in by_id.items():
             if ep_id not in known:
-                scorer.add_endpoint(ep_id)
+                # the address, not the id, is what every router replica agrees on
+                scorer.add_endpoint(ep_id, ep.key.encode())
                 snap = self._snapshots.get(ep.key)
                 if snap is not None:
                     self._push(scorer, ep_id, snap)
@@ -204,6 +209,7 @@ class Scheduler:
         total = 0
         lora_id: int | None = None
         rid_hash = 0
+        hash_key: int | None = None  # prefix-hash-bounded's (`key` is the ModelServer's)
         model = ""
         if info is not None:
             model = info.model_label
@@ -212,11 +218,13 @@ class Scheduler:
                 lora_id = self._lora_id(info.lora)
             if self.use_prefix:
                 matches, total = self._match(info)
+            if self.use_key:
+                hash_key = self._prefix_key(info)
         best_fraction = max(matches, key=_best)[1] / total if matches and total else 0.0
         if self.balance_misses and total and best_fraction < MISS_FRACTION:
             matches = self._room(view, total)
         t1 = time.perf_counter()
-        ids = view.scorer.schedule(rid_hash, matches, lora_id, total)
+        ids = view.scorer.schedule(rid_hash, matches, lora_id, total, hash_key)
         t2 = time.perf_counter()
         by_id = view.by_id
         usable, panic = self.selector.usable(key, endpoints)
@@ -254,6 +262,18 @@ class Scheduler:
         info.hashes = hashes
         info.prompt_bytes = len(prompt)
         return matches, len(hashes)
+
+    def _prefix_key(self, info: RequestInfo) -> int | None:
+        """The consistent-hash key of the request (prefix-hash-bounded): the chain hash of
+        its first `prefixKeyBlocks` blocks; None without a prompt we understand (the
+        request id's hash then stands in). Kept on `info` for retries and PD's two sides."""
+        ka = self.key_args
+        tag = (ka.block_size_to_hash, ka.prefix_key_blocks, self._seed(info.model, info.lora))
+        if info.key_tag != tag:
+            prompt = info.prompt()
+            info.key_tag = tag
+            info.prefix_key = None if prompt is None else prefix_key(prompt, tag[0], tag[2], tag[1])
+        return info.prefix_key
 
     def _match(self, info: RequestInfo) -> tuple[list[tuple[int, int]] | None, int]:
         matches, total = self.approx_match(info)

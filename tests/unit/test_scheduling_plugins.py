@@ -12,7 +12,7 @@ from kthena_router import _core
 from kthena_router.config.errors import ConfigError
 from kthena_router.scheduling import config, plugins
 from kthena_router.scheduling.config import load_router_configuration_bytes
-from kthena_router.scheduling.scheduler import PREFIX_PLUGINS
+from kthena_router.scheduling.scheduler import KEY_PLUGINS, PREFIX_PLUGINS
 
 RUST = _core.plugin_registry()
 SPECS = [(p.name, a) for p in plugins.PLUGINS.values() for a in p.args]
@@ -22,13 +22,15 @@ def test_python_lists_equal_the_rust_registry():
     assert config.SCORE_PLUGINS == tuple(p["name"] for p in RUST if p["score"])
     assert config.FILTER_PLUGINS == tuple(p["name"] for p in RUST if p["filter"])
     assert PREFIX_PLUGINS == tuple(p["name"] for p in RUST if p["prefix_input"])
+    assert KEY_PLUGINS == tuple(p["name"] for p in RUST if p["prefix_key"]) == ("prefix-hash-bounded",)
     assert dict(config.REFUSED_PLUGINS) == dict(_core.refused_plugins())
     for p in RUST:
         spec = plugins.PLUGINS[p["name"]]
         assert [a.name for a in spec.args] == [a["name"] for a in p["args"]]
-    # Kthena's plugin names, all present (a registry edit must not drop one by accident).
+    # Kthena's plugin names, all present (a registry edit must not drop one by accident), and ours.
     assert set(config.SCORE_PLUGINS) == {"random", "round-robin", "least-request", "least-latency",
-                                         "gpu-usage", "prefix-cache", "kvcache-aware", "lora-affinity"}
+                                         "gpu-usage", "prefix-cache", "kvcache-aware", "lora-affinity",
+                                         "prefix-hash-bounded"}
     assert set(config.FILTER_PLUGINS) == {"least-request", "lora-affinity"}
     assert set(config.REFUSED_PLUGINS) == {"session-affinity", "cost-aware"}
 
@@ -87,9 +89,10 @@ def test_every_arg_spec_drives_validation(plugin, spec):
             assert any(spec.name in w and "out of range" in w for w in cfg.warnings)
     if spec.max is not None and spec.out_of_range == "reject":
         assert "between" in _error(plugin, spec.name, str(spec.max + 1))
-    good = {"int": "2", "float": "0.25", "bool": "true", "str": "s1", "map": "{m: t.json}"}[spec.kind]
+    fine = 0.25 if spec.min is None or spec.min <= 0.25 else spec.min + 0.25  # loadFactor >= 1
+    good = {"int": "2", "float": str(fine), "bool": "true", "str": "s1", "map": "{m: t.json}"}[spec.kind]
     got = getattr(_load(plugin, spec.name, good).scheduler.args[plugin], spec.field)
-    assert got == {"int": 2, "float": 0.25, "bool": True, "str": "s1"}.get(spec.kind, got)
+    assert got == {"int": 2, "float": fine, "bool": True, "str": "s1"}.get(spec.kind, got)
     if spec.kind == "map" and spec.paths:
         assert dict(got) == {"m": "/t.json"}  # resolved against the file's directory
 

@@ -49,6 +49,18 @@ pub fn chain_hashes(
     }
 }
 
+/// Consistent-hash key of a prompt: the chain hash of its first `blocks` full blocks (of
+/// all of them when it has fewer), i.e. the identity of that prefix; a prompt without a
+/// full block hashes whole. Equal leading `blocks * block_size` bytes give equal keys.
+pub fn prefix_key(prompt: &[u8], block_size: usize, seed: u64, blocks: usize) -> u64 {
+    if block_size == 0 || blocks == 0 || prompt.len() < block_size {
+        return xxh3_64_with_seed(prompt, seed);
+    }
+    let mut hashes = Vec::new();
+    chain_hashes(prompt, block_size, seed, blocks, &mut hashes);
+    hashes[hashes.len() - 1]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,6 +78,20 @@ mod tests {
         let h0 = xxh3_64_with_seed(&[&s.to_le_bytes()[..], b"abcd"].concat(), s);
         let h1 = xxh3_64_with_seed(&[&h0.to_le_bytes()[..], b"efgh"].concat(), s);
         assert_eq!(hashes(p, 4, s, 100), vec![h0, h1]); // "ij" is a partial block
+    }
+
+    #[test]
+    fn prefix_key_is_the_last_hash_of_the_leading_blocks() {
+        let p = b"0123456789abcdefXYZ";
+        assert_eq!(prefix_key(p, 4, 3, 2), hashes(p, 4, 3, 100)[1]);
+        assert_eq!(prefix_key(p, 4, 3, 99), hashes(p, 4, 3, 100)[3]);
+        // Same leading blocks, different rest: same key.
+        assert_eq!(
+            prefix_key(b"01234567zz", 4, 3, 2),
+            prefix_key(b"01234567yyyy", 4, 3, 2)
+        );
+        assert_ne!(prefix_key(b"0123", 4, 3, 2), prefix_key(b"0124", 4, 3, 2));
+        assert_ne!(prefix_key(b"ab", 4, 3, 2), prefix_key(b"ac", 4, 3, 2)); // no full block
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub fn request_hash(request_id: &[u8]) -> u64 {
 #[derive(Clone, Debug)]
 pub struct Signals {
     pub id: u32,
+    /// Hash of the endpoint's identity (its address), the same in every router process;
+    /// what consistent hashing ranks (`id` is one process's interning). Default: from `id`.
+    pub identity: u64,
     /// Requests this router has dispatched there and not finished.
     pub in_flight: u32,
     /// `in_flight` when the engine's counts were last scraped.
@@ -48,6 +51,7 @@ impl Signals {
     pub fn new(id: u32) -> Self {
         Signals {
             id,
+            identity: mix64(u64::from(id)),
             in_flight: 0,
             in_flight_at_scrape: 0,
             running: f64::NAN,
@@ -242,6 +246,11 @@ impl Scorer {
         s
     }
 
+    /// Set the endpoint's identity hash (see [`Signals::identity`]); registers it.
+    pub fn set_identity(&mut self, id: u32, identity: u64) {
+        self.sig_mut(id).identity = identity;
+    }
+
     pub fn remove_endpoint(&mut self, id: u32) -> bool {
         let Some(s) = self.slot_of.remove(&id) else {
             return false;
@@ -336,6 +345,20 @@ impl Scorer {
         total_blocks: u32,
         out: &mut Vec<u32>,
     ) {
+        self.schedule_keyed(request_hash, None, prefix_matches, lora, total_blocks, out);
+    }
+
+    /// [`Self::schedule`] with the request's prefix key for consistent-hash policies
+    /// (`None`: the request hash stands in).
+    pub fn schedule_keyed(
+        &mut self,
+        request_hash: u64,
+        prefix_key: Option<u64>,
+        prefix_matches: &[(u32, u32)],
+        lora: Option<u32>,
+        total_blocks: u32,
+        out: &mut Vec<u32>,
+    ) {
         out.clear();
         let seq = self.seq;
         self.seq = self.seq.wrapping_add(1);
@@ -359,6 +382,7 @@ impl Scorer {
             load: &self.load,
             prefix: &self.prefix,
             request_hash,
+            prefix_key: prefix_key.unwrap_or(request_hash),
             lora,
             seq,
         };

@@ -16,6 +16,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(splice::splice_top_level, m)?)?;
     m.add_function(wrap_pyfunction!(prefix::prefix_seed, m)?)?;
     m.add_function(wrap_pyfunction!(prefix::prefix_hashes, m)?)?;
+    m.add_function(wrap_pyfunction!(prefix::prefix_key, m)?)?;
     m.add_class::<prefix::BlockHashes>()?;
     m.add_class::<prefix::PrefixIndex>()?;
     m.add_class::<scorer::Scorer>()?;

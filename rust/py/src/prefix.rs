@@ -78,6 +78,27 @@ pub fn prefix_hashes(
     })
 }
 
+/// Consistent-hash key of `prompt`: the chain hash of its first `blocks` full blocks (all of
+/// them when fewer; the whole prompt's hash without a full block).
+#[pyfunction]
+pub fn prefix_key(
+    py: Python<'_>,
+    prompt: &[u8],
+    block_size: usize,
+    seed: u64,
+    blocks: usize,
+) -> PyResult<u64> {
+    if block_size == 0 {
+        return Err(PyValueError::new_err("block_size must be positive"));
+    }
+    let work = prompt.len().min(blocks.saturating_mul(block_size));
+    Ok(if work > GIL_RELEASE_BYTES {
+        py.allow_threads(|| prefix_hash::prefix_key(prompt, block_size, seed, blocks))
+    } else {
+        prefix_hash::prefix_key(prompt, block_size, seed, blocks)
+    })
+}
+
 /// Which endpoint (u32 id) holds which block hash, with a per-endpoint LRU capacity.
 /// Not thread-safe across Python threads while a long prompt is hashed (the GIL is
 /// released then; a concurrent call raises "Already borrowed"): one index per event loop.

@@ -50,6 +50,7 @@ pub fn plugin_registry(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
         d.set_item("filter", p.filter)?;
         d.set_item("affinity", p.affinity)?;
         d.set_item("prefix_input", p.prefix_input)?;
+        d.set_item("prefix_key", p.prefix_key)?;
         let args = PyList::empty(py);
         for a in p.args {
             args.append(arg(py, a)?)?;

@@ -87,8 +87,15 @@ impl Scorer {
         self.inner.hot_spot_count()
     }
 
-    fn add_endpoint(&mut self, endpoint: u32) {
+    /// `identity`: the endpoint's address bytes (e.g. b"10.0.0.5:8000"), the same in every
+    /// router process: consistent hashing ranks its hash, not the process's id.
+    #[pyo3(signature = (endpoint, identity=None))]
+    fn add_endpoint(&mut self, endpoint: u32, identity: Option<&[u8]>) {
         self.inner.add_endpoint(endpoint);
+        if let Some(b) = identity {
+            // xxh3-64 of the bytes, as the request-id hash.
+            self.inner.set_identity(endpoint, scorer::request_hash(b));
+        }
     }
 
     fn remove_endpoint(&mut self, endpoint: u32) -> bool {
@@ -156,18 +163,26 @@ impl Scorer {
     }
 
     /// One decision: ordered endpoint ids. `prefix_matches`: [(endpoint, matched_blocks)]
-    /// (e.g. `PrefixIndex.match_prompt(...)[1]`) out of `total_blocks`.
-    #[pyo3(signature = (request_id_hash, prefix_matches, lora_id, total_blocks))]
+    /// (e.g. `PrefixIndex.match_prompt(...)[1]`) out of `total_blocks`; `prefix_key`: the
+    /// request's `prefix_key(...)` for consistent-hash plugins (None: the request hash).
+    #[pyo3(signature = (request_id_hash, prefix_matches, lora_id, total_blocks, prefix_key=None))]
     fn schedule(
         &mut self,
         request_id_hash: u64,
         prefix_matches: Option<Vec<(u32, u32)>>,
         lora_id: Option<u32>,
         total_blocks: u32,
+        prefix_key: Option<u64>,
     ) -> Vec<u32> {
         let m = prefix_matches.unwrap_or_default();
-        self.inner
-            .schedule(request_id_hash, &m, lora_id, total_blocks, &mut self.out);
+        self.inner.schedule_keyed(
+            request_id_hash,
+            prefix_key,
+            &m,
+            lora_id,
+            total_blocks,
+            &mut self.out,
+        );
         self.out.clone()
     }
 }

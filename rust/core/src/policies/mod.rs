@@ -21,6 +21,7 @@ pub mod least_latency;
 pub mod least_request;
 pub mod lora_affinity;
 pub mod prefix_cache;
+pub mod prefix_hash_bounded;
 pub mod random;
 pub mod round_robin;
 
@@ -32,6 +33,9 @@ pub struct Ctx<'a> {
     /// Matched prefix fraction per slot for this request (0 when not matched).
     pub prefix: &'a [f64],
     pub request_hash: u64,
+    /// Consistent-hash key: the caller's hash of the request's leading prompt blocks, else
+    /// `request_hash` ([`PolicyInfo::prefix_key`] policies).
+    pub prefix_key: u64,
     pub lora: Option<u32>,
     /// Number of earlier scheduling calls (round-robin's position).
     pub seq: u64,
@@ -82,6 +86,8 @@ pub struct PolicyInfo {
     /// Scores the caller's per-request prefix match ([`Ctx::prefix`]), so the caller must
     /// compute it.
     pub prefix_input: bool,
+    /// Reads the request's prefix key ([`Ctx::prefix_key`]), so the caller must compute it.
+    pub prefix_key: bool,
     /// Every argument that belongs to the plugin, including those the router around the
     /// scorer reads ([`Reader::Router`]); others draw a warning.
     pub args: &'static [ArgSpec],
@@ -101,6 +107,7 @@ impl PolicyInfo {
             filter: false,
             affinity: false,
             prefix_input: false,
+            prefix_key: false,
             args: &[],
             build,
         }
@@ -120,6 +127,7 @@ pub static REGISTRY: &[PolicyInfo] = &[
     prefix_cache::INFO_PREFIX,
     prefix_cache::INFO_KVCACHE,
     lora_affinity::INFO,
+    prefix_hash_bounded::INFO,
 ];
 
 /// Kthena plugins we recognise but do not implement: refused with this reason.
@@ -247,6 +255,7 @@ pub(crate) mod testing {
             load: &load,
             prefix: &prefix,
             request_hash: 77,
+            prefix_key: 77,
             lora,
             seq,
         };
@@ -265,6 +274,7 @@ pub(crate) mod testing {
             load: &load,
             prefix: &prefix,
             request_hash: 77,
+            prefix_key: 77,
             lora,
             seq: 0,
         };

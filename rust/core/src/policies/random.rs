@@ -49,6 +49,7 @@ mod tests {
                     load: &load,
                     prefix: &prefix,
                     request_hash: h,
+                    prefix_key: h,
                     lora: None,
                     seq: 0,
                 };
