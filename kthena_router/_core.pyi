@@ -160,7 +160,6 @@ class ArgSpecDict(TypedDict):
     default: int | float | bool | str | dict[str, str] | None  # None = absent
     min: float | None
     max: float | None
-    out_of_range: Literal["default", "reject"]  # "default": warn, use the default
     kthena: bool  # Kthena's argument (True) or ours
     reader: Literal["policy", "router"]  # the Rust policy, or the router around the scorer
     paths: bool  # map values are file paths

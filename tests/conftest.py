@@ -57,11 +57,8 @@ def proc_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def simulator_session(proc_logs: Path) -> Iterator[harness.Simulator]:
     """3 vLLM-flavoured engines serving `demo` with two LoRA adapters, shared by the session."""
-    sim = harness.start_simulator(proc_logs, engines=3, model="demo", lora=DEMO_LORA)
-    try:
+    with harness.start_simulator(proc_logs, engines=3, model="demo", lora=DEMO_LORA) as sim:
         yield sim
-    finally:
-        sim.stop()
 
 
 @pytest.fixture
@@ -82,11 +79,8 @@ def router_session(
     config = harness.write_config(
         work / "router.yaml", harness.engine_config(simulator_session.ports, lora=DEMO_LORA)
     )
-    router = harness.start_router(config, work, workers=router_workers)
-    try:
+    with harness.start_router(config, work, workers=router_workers) as router:
         yield router
-    finally:
-        router.stop()
 
 
 @pytest.fixture

@@ -209,6 +209,12 @@ class Simulator:
         self._http.close()
         return self.process.stop(sig)
 
+    def __enter__(self) -> Simulator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 def start_simulator(log_dir: Path, engines: int = 3, *, flavour: str = "vllm", model: str = "demo",
                     lora: Sequence[str] = (), fast: bool = False, extra_args: Sequence[str] = (),
@@ -324,6 +330,12 @@ class Router:
     def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int | None:
         self._http.close()
         return self.process.stop(sig, timeout)
+
+    def __enter__(self) -> Router:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def router_argv(config_path: Path, port: int, admin_port: int, workers: int, runtime_dir: Path,

@@ -15,9 +15,9 @@ broken pipeline; we name the file, document and field instead):
   * ``auth`` (Kthena's issuer, audiences, jwksUri, and ours) is parsed and enforced by
     kthena_router/identity (an empty placeholder loads and leaves auth off);
   * a Score entry without ``weight`` gets weight 1 (Kthena: 0, i.e. the plugin does nothing);
-  * non-positive integer arguments fall back to the default with a warning (as Kthena, which
-    is silent); unknown argument keys and unknown fields are errors (Kthena ignores them; a
-    setting accepted and then dropped is worse than a config that does not load).
+  * out-of-range arguments (Kthena silently uses the default for its integers), unknown
+    argument keys and unknown fields are errors (Kthena ignores them; a setting accepted and
+    then dropped is worse than a config that does not load).
   * ``random`` next to other score plugins is dropped with a warning, as in Kthena.
 """
 
@@ -256,15 +256,12 @@ def _in_range(c: _Ctx, v: int | float, path: str, spec: ArgSpec, what: str) -> b
     hi = spec.max if spec.max is not None else float("inf")
     if lo <= v <= hi and v == v and abs(v) != float("inf"):  # NaN and infinities fail too
         return True
-    if spec.out_of_range == "default":
-        c.warn(path, f"{v} is out of range, the default is used (as Kthena does)")
-    else:  # Kthena rejects the file here as well
-        c.err(path, f"must be {what} {_bounds(spec)}, got {v!r}")
+    c.err(path, f"must be {what} {_bounds(spec)}, got {v!r}")
     return False
 
 
 def _arg_value(c: _Ctx, v: Any, path: str, spec: ArgSpec) -> tuple[bool, Any]:
-    """(ok, value) by the registry's spec; ok=False with a warning means: use the default."""
+    """(ok, value) by the registry's spec; ok=False means an error was recorded."""
     kind = spec.kind
     if kind == "int":
         if isinstance(v, bool) or not isinstance(v, int):

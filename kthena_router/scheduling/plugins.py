@@ -30,7 +30,6 @@ class ArgSpec:
     default: Any  # None = absent (our documented behaviour applies)
     min: float | None
     max: float | None
-    out_of_range: Literal["default", "reject"]  # "default": warn and use the default (Kthena)
     kthena: bool  # Kthena's own argument, or ours
     reader: Literal["policy", "router"]  # the Rust policy (passed to Scorer) or the router
     paths: bool  # map values are file paths, relative to the config file's directory
@@ -54,7 +53,7 @@ def _arg(d: Mapping[str, Any]) -> ArgSpec:
     default = d["default"]
     if isinstance(default, dict):
         default = MappingProxyType(default)
-    return ArgSpec(d["name"], d["field"], d["kind"], default, d["min"], d["max"], d["out_of_range"],
+    return ArgSpec(d["name"], d["field"], d["kind"], default, d["min"], d["max"],
                    d["kthena"], d["reader"], d["paths"])
 
 

@@ -365,11 +365,8 @@ def small_limit_router(router_workers: int, simulator_session: harness.Simulator
                        tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Router]:
     work = tmp_path_factory.mktemp(f"bad-input-limit-w{router_workers}")
     cfg = harness.write_config(work / "router.yaml", harness.engine_config(simulator_session.ports))
-    r = harness.start_router(cfg, work, workers=router_workers, extra_args=["--max-body-bytes", str(LIMIT)])
-    try:
+    with harness.start_router(cfg, work, workers=router_workers, extra_args=["--max-body-bytes", str(LIMIT)]) as r:
         yield r
-    finally:
-        r.stop()
 
 
 def _padded(size: int) -> bytes:
@@ -419,11 +416,8 @@ def sched_router(router_workers: int, simulator_session: harness.Simulator,
     work = tmp_path_factory.mktemp(f"bad-input-sched-w{router_workers}")
     cfg = harness.write_config(work / "router.yaml", harness.engine_config(simulator_session.ports))
     sched = Path(harness.REPO) / "configs" / "scheduling" / "prefix-cache.yaml"
-    r = harness.start_router(cfg, work, workers=router_workers, extra_args=["--router-config", str(sched)])
-    try:
+    with harness.start_router(cfg, work, workers=router_workers, extra_args=["--router-config", str(sched)]) as r:
         yield r
-    finally:
-        r.stop()
 
 
 @FUZZ

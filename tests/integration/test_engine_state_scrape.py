@@ -27,12 +27,9 @@ LONG_TOKENS = 3000  # long enough to stay running for the whole comparison
 @pytest.fixture(scope="module", params=["vllm", "sglang"])
 def sim(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Simulator]:
     flavour = request.param
-    s = harness.start_simulator(tmp_path_factory.mktemp(f"es-{flavour}"), engines=2, flavour=flavour,
-                                lora=["sql"], extra_args=SIM_ARGS)
-    try:
+    with harness.start_simulator(tmp_path_factory.mktemp(f"es-{flavour}"), engines=2, flavour=flavour,
+                                 lora=["sql"], extra_args=SIM_ARGS) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def flavour_of(sim: harness.Simulator) -> str:

@@ -28,12 +28,9 @@ def fuzz_router(simulator: harness.Simulator, tmp_path_factory: pytest.TempPathF
     cfg = harness.write_config(work / "router.yaml", harness.engine_config(simulator.ports, lora=("demo-lora-a",
                                                                                                    "demo-lora-b")))
     sched = harness.REPO / "configs" / "scheduling" / "prefix-cache.yaml"
-    r = harness.start_router(cfg, work, workers=2, extra_args=["--max-body-bytes", str(MAX_BODY_BYTES),
-                                                               "--router-config", str(sched)])
-    try:
+    with harness.start_router(cfg, work, workers=2, extra_args=["--max-body-bytes", str(MAX_BODY_BYTES),
+                                                                "--router-config", str(sched)]) as r:
         yield r
-    finally:
-        r.stop()
 
 
 def test_short_fuzz_run_finds_no_violation(fuzz_router: harness.Router, simulator: harness.Simulator,

@@ -21,12 +21,9 @@ SLOW_TOKENS = 200
 
 @pytest.fixture(scope="module")
 def slow_simulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Simulator]:
-    sim = harness.start_simulator(tmp_path_factory.mktemp("slow-sim"), engines=1,
-                                  extra_args=["--time-scale", "5"])
-    try:
+    with harness.start_simulator(tmp_path_factory.mktemp("slow-sim"), engines=1,
+                                 extra_args=["--time-scale", "5"]) as sim:
         yield sim
-    finally:
-        sim.stop()
 
 
 class StreamReader(threading.Thread):

@@ -18,12 +18,9 @@ THRESHOLD = 200  # tokens
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Simulator]:
-    s = harness.start_simulator(tmp_path_factory.mktemp("pd-cond-sim"), engines=2, fast=True,
-                                extra_args=["--roles", "prefill,decode"])
-    try:
+    with harness.start_simulator(tmp_path_factory.mktemp("pd-cond-sim"), engines=2, fast=True,
+                                 extra_args=["--roles", "prefill,decode"]) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +35,8 @@ def router(sim: harness.Simulator, tmp_path_factory: pytest.TempPathFactory) -> 
     rc = work / "router.yaml"
     rc.write_text(yaml.safe_dump({"pd": {"minUncachedTokens": THRESHOLD,
                                          "servers": {"slow": {"prefillTimeout": "500ms", "minUncachedTokens": 0}}}}))
-    r = harness.start_router(config, work, workers=1, extra_args=["--router-config", str(rc)])
-    try:
+    with harness.start_router(config, work, workers=1, extra_args=["--router-config", str(rc)]) as r:
         yield r
-    finally:
-        r.stop()
 
 
 def _modes(router: harness.Router, server: str) -> tuple[float, float]:

@@ -23,12 +23,9 @@ MSGS = [{"role": "user", "content": "hello there, tell me a story"}]
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Simulator]:
-    s = harness.start_simulator(tmp_path_factory.mktemp("pd-sg-sim"), engines=4, flavour="sglang", extra_args=[
-        "--roles", "prefill,decode,prefill,decode", "--kv-hold-timeout-s", "20", "--kv-wait-timeout-s", "20"])
-    try:
+    with harness.start_simulator(tmp_path_factory.mktemp("pd-sg-sim"), engines=4, flavour="sglang", extra_args=[
+         "--roles", "prefill,decode,prefill,decode", "--kv-hold-timeout-s", "20", "--kv-wait-timeout-s", "20"]) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +46,8 @@ def router(sim: harness.Simulator, tmp_path_factory: pytest.TempPathFactory) -> 
             (p[3], {"app": "sg", "group": "b", "role": "decode"}, None)]),
     ]
     config = harness.write_config(work / "router.yaml", docs)
-    r = harness.start_router(config, work, workers=1, extra_args=["--health-probe-interval-s", "0.3"])
-    try:
+    with harness.start_router(config, work, workers=1, extra_args=["--health-probe-interval-s", "0.3"]) as r:
         yield r
-    finally:
-        r.stop()
 
 
 @pytest.fixture(autouse=True)

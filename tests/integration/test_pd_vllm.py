@@ -27,12 +27,9 @@ CONNECTORS = ("http", "lmcache", "nixl", "mooncake")
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Simulator]:
-    s = harness.start_simulator(tmp_path_factory.mktemp("pd-sim"), engines=5, extra_args=[
-        "--roles", "prefill,decode,prefill,decode,both", "--kv-hold-timeout-s", str(HOLD_S)])
-    try:
+    with harness.start_simulator(tmp_path_factory.mktemp("pd-sim"), engines=5, extra_args=[
+         "--roles", "prefill,decode,prefill,decode,both", "--kv-hold-timeout-s", str(HOLD_S)]) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def _config(sim: harness.Simulator) -> list[dict]:
@@ -66,11 +63,8 @@ def _config(sim: harness.Simulator) -> list[dict]:
 def router(sim: harness.Simulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Router]:
     work: Path = tmp_path_factory.mktemp("pd-router")
     config = harness.write_config(work / "router.yaml", _config(sim))
-    r = harness.start_router(config, work, workers=1, extra_args=["--health-probe-interval-s", "0.3"])
-    try:
+    with harness.start_router(config, work, workers=1, extra_args=["--health-probe-interval-s", "0.3"]) as r:
         yield r
-    finally:
-        r.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -27,12 +27,9 @@ def failover_router(router_workers: int, simulator_session: harness.Simulator,
     docs = harness.engine_config(simulator_session.ports, timeout=FIRST_BYTE_TIMEOUT, retry_attempts=2,
                                  retry_interval="50ms")
     config = harness.write_config(work / "router.yaml", docs)
-    router = harness.start_router(config, work, workers=router_workers,
-                                  extra_args=["--health-probe-interval-s", "0.3"])
-    try:
+    with harness.start_router(config, work, workers=router_workers,
+                              extra_args=["--health-probe-interval-s", "0.3"]) as router:
         yield router
-    finally:
-        router.stop()
 
 
 def _all_healthy(router: harness.Router, n: int) -> bool:

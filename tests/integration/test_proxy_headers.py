@@ -65,12 +65,9 @@ def hdr_router(router_workers: int, simulator_session: harness.Simulator, echo_p
         harness.endpoints_doc("echo-engines", [echo_port], echo_labels),
     ]
     config = harness.write_config(work / "router.yaml", docs)
-    router = harness.start_router(config, work, workers=router_workers,
-                                  extra_args=["--max-body-bytes", str(MAX_BODY)])
-    try:
+    with harness.start_router(config, work, workers=router_workers,
+                              extra_args=["--max-body-bytes", str(MAX_BODY)]) as router:
         yield router
-    finally:
-        router.stop()
 
 
 def _echo(router: harness.Router, body: dict | bytes, headers: dict[str, str] | None = None) -> httpx.Response:

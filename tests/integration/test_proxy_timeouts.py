@@ -58,11 +58,8 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def sim(work: Path) -> Iterator[harness.Simulator]:
-    s = harness.start_simulator(work, engines=4, model="demo", fast=True)
-    try:
+    with harness.start_simulator(work, engines=4, model="demo", fast=True) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def _start(work: Path, sim: harness.Simulator, name: str, *extra: str) -> harness.Router:

@@ -20,12 +20,9 @@ ROUTER_CONFIG = "scheduler:\n  plugins:\n    Score:\n      enabled:\n      - {na
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Simulator]:
     # a small KV cache, so a few long prompts give a visible usage
-    s = harness.start_simulator(tmp_path_factory.mktemp("signals-sim"), engines=2,
-                                extra_args=["--kv-blocks", "256", "--block-size", "16", "--seed", "5"])
-    try:
+    with harness.start_simulator(tmp_path_factory.mktemp("signals-sim"), engines=2,
+                                 extra_args=["--kv-blocks", "256", "--block-size", "16", "--seed", "5"]) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +31,9 @@ def router(sim: harness.Simulator, tmp_path_factory: pytest.TempPathFactory) -> 
     config = harness.write_config(tmp / "cfg" / "routes.yaml", harness.engine_config(sim.ports))
     rc = tmp / "router-config.yaml"
     rc.write_text(ROUTER_CONFIG)
-    r = harness.start_router(config, tmp, workers=2,
-                             extra_args=["--router-config", str(rc), "--scrape-interval-s", "0.2"])
-    try:
+    with harness.start_router(config, tmp, workers=2,
+                              extra_args=["--router-config", str(rc), "--scrape-interval-s", "0.2"]) as r:
         yield r
-    finally:
-        r.stop()
 
 
 def _samples(router: harness.Router, name: str) -> dict[tuple[str, ...], float]:

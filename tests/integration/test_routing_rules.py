@@ -46,11 +46,8 @@ def _docs(ports: list[int]) -> list[dict]:
 @pytest.fixture
 def rules_router(router_workers: int, simulator: harness.Simulator, tmp_path: Path) -> Iterator[harness.Router]:
     cfg = harness.write_config(tmp_path / "rules.yaml", _docs(simulator.ports))
-    router = harness.start_router(cfg, tmp_path, workers=router_workers, extra_args=["--route-seed", "7"])
-    try:
+    with harness.start_router(cfg, tmp_path, workers=router_workers, extra_args=["--route-seed", "7"]) as router:
         yield router
-    finally:
-        router.stop()
 
 
 def _send(router: harness.Router, ids: list[str], headers: dict[str, str] | None = None,

@@ -41,11 +41,8 @@ def _docs(ports: list[int], with_endpoints: tuple[str, ...] = ()) -> list[dict[s
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Simulator]:
-    s = harness.start_simulator(tmp_path_factory.mktemp("sfz-sim"), engines=1, fast=True)
-    try:
+    with harness.start_simulator(tmp_path_factory.mktemp("sfz-sim"), engines=1, fast=True) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +52,8 @@ def router(sim: harness.Simulator, tmp_path_factory: pytest.TempPathFactory) -> 
     rc = tmp / "rc" / "router-config.yaml"
     rc.parent.mkdir()
     rc.write_text(ROUTER_CONFIG)
-    r = harness.start_router(config, tmp, extra_args=["--router-config", str(rc)])
-    try:
+    with harness.start_router(config, tmp, extra_args=["--router-config", str(rc)]) as r:
         yield r
-    finally:
-        r.stop()
 
 
 @pytest.fixture

@@ -84,11 +84,8 @@ def sticky_count(routers: list[harness.Router], result: str, route: str = "defau
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Simulator]:
-    s = harness.start_simulator(tmp_path_factory.mktemp("sim"), engines=3, fast=True)
-    try:
+    with harness.start_simulator(tmp_path_factory.mktemp("sim"), engines=3, fast=True) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture

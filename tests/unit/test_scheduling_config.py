@@ -228,16 +228,27 @@ def test_missing_file(tmp_path):
 
 
 def test_warnings_not_errors(tmp_path):
-    text = ("scheduler:\n  pluginConfig:\n  - {name: prefix-cache, args: {blockSizeToHash: 0}}\n"
+    text = ("scheduler:\n  pluginConfig:\n"
             "  - {name: session-affinity, args: {headerName: X-S}}\n"
             "  plugins:\n    Score:\n      enabled:\n      - {name: random, weight: 1}\n"
             "      - {name: gpu-usage}\n")
     cfg = load(text, tmp_path)
-    assert cfg.scheduler.args["prefix-cache"].block_size_to_hash == 64  # default, as Kthena
     assert cfg.scheduler.scores == (ScorePlugin("gpu-usage", 1.0),)  # random dropped; weight 1
     joined = "\n".join(cfg.warnings)
-    for needle in ("blockSizeToHash", "session-affinity", "'random' is dropped", "enabled[1].weight"):
+    for needle in ("session-affinity", "'random' is dropped", "enabled[1].weight"):
         assert needle in joined
+
+
+@pytest.mark.parametrize("plugin, arg", [("prefix-cache", "blockSizeToHash"),
+                                         ("prefix-hash-bounded", "prefixKeyBlocks"),
+                                         ("prefix-hash-bounded", "blockSizeToHash")])
+def test_out_of_range_integer_is_refused_not_replaced(tmp_path, plugin, arg):
+    # Kthena silently uses the default here; a value that is then ignored is refused instead.
+    text = f"scheduler:\n  pluginConfig:\n  - {{name: {plugin}, args: {{{arg}: 0}}}}\n"
+    with pytest.raises(ConfigError) as exc:
+        load(text, tmp_path)
+    [p] = exc.value.problems
+    assert p.field == f"scheduler.pluginConfig[0].args.{arg}" and ">= 1" in p.message, str(exc.value)
 
 
 @pytest.mark.parametrize("text, field", [

@@ -80,15 +80,11 @@ def test_every_arg_spec_drives_validation(plugin, spec):
     if spec.min is not None:
         below = spec.min - 1 if spec.kind == "int" else spec.min - 0.5
         text = str(int(below)) if spec.kind == "int" else str(below)
-        if spec.out_of_range == "reject":
-            msg = _error(plugin, spec.name, text)
-            assert "between" in msg or ">=" in msg
-        else:  # Kthena's rule for its integers: warn, use the default
-            cfg = _load(plugin, spec.name, text)
-            assert getattr(cfg.scheduler.args[plugin], spec.field) == spec.default
-            assert any(spec.name in w and "out of range" in w for w in cfg.warnings)
-    if spec.max is not None and spec.out_of_range == "reject":
-        assert "between" in _error(plugin, spec.name, str(spec.max + 1))
+        msg = _error(plugin, spec.name, text)  # refused: Kthena's silent fallback is not kept
+        assert "between" in msg or ">=" in msg
+    if spec.max is not None:
+        above = spec.max + 1
+        assert "between" in _error(plugin, spec.name, str(int(above) if spec.kind == "int" else above))
     fine = 0.25 if spec.min is None or spec.min <= 0.25 else spec.min + 0.25  # loadFactor >= 1
     good = {"int": "2", "float": str(fine), "bool": "true", "str": "s1", "map": "{m: t.json}"}[spec.kind]
     got = getattr(_load(plugin, spec.name, good).scheduler.args[plugin], spec.field)

@@ -1,5 +1,6 @@
 //! Binding of the KV-event ownership table and the token block hashing.
 
+use crate::gil;
 use kthena_core::digest_memo::DigestMemo;
 use kthena_core::kv_ownership;
 use kthena_core::token_hash::{self, HashScheme};
@@ -144,19 +145,14 @@ impl KvOwnership {
             ));
         }
         let inner = &mut self.inner;
-        let mut run = move || {
+        let run = move || {
             let words: Vec<u64> = batch
                 .chunks_exact(8)
                 .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
                 .collect();
             inner.apply_flat(endpoint, &words)
         };
-        let r = if batch.len() > GIL_RELEASE_BATCH_BYTES {
-            py.allow_threads(run)
-        } else {
-            run()
-        };
-        r.map_err(PyValueError::new_err)
+        gil::run(py, batch.len() > GIL_RELEASE_BATCH_BYTES, run).map_err(PyValueError::new_err)
     }
 
     /// BlockStored: hashes in chain order (ints; mask negative ones with & (2**64 - 1)).
@@ -203,7 +199,7 @@ impl KvOwnership {
             (me.scheme, Arc::clone(&me.memo))
         };
         let mut hashes = Vec::new();
-        let mut run = || {
+        let run = || {
             let mut m = lock(&memo);
             scheme.chain(
                 &t,
@@ -215,11 +211,7 @@ impl KvOwnership {
                 &mut hashes,
             )
         };
-        if t.len().min(max_blocks.saturating_mul(block_size)) > GIL_RELEASE_TOKENS {
-            py.allow_threads(run);
-        } else {
-            run();
-        }
+        gil::run(py, t.len().min(max_blocks.saturating_mul(block_size)) > GIL_RELEASE_TOKENS, run);
         let mut me = slf.borrow_mut();
         let me = &mut *me;
         me.inner.match_hashes(&hashes, &mut me.out);

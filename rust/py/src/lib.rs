@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 
 mod fairq;
+mod gil;
 mod kv_ownership;
 mod prefix;
 mod registry;

@@ -1,5 +1,6 @@
 //! Binding of the prefix-cache hashing and index: bytes and ints only.
 
+use crate::gil;
 use kthena_core::{prefix_hash, prefix_index};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -48,13 +49,9 @@ fn hash_prompt(
     let work = (prompt.len() / block_size)
         .min(max_blocks)
         .saturating_mul(block_size);
-    if work > GIL_RELEASE_BYTES {
-        py.allow_threads(|| {
-            prefix_hash::chain_hashes(prompt, block_size, seed, max_blocks, &mut out)
-        });
-    } else {
-        prefix_hash::chain_hashes(prompt, block_size, seed, max_blocks, &mut out);
-    }
+    gil::run(py, work > GIL_RELEASE_BYTES, || {
+        prefix_hash::chain_hashes(prompt, block_size, seed, max_blocks, &mut out)
+    });
     Ok(out)
 }
 
@@ -92,11 +89,9 @@ pub fn prefix_key(
         return Err(PyValueError::new_err("block_size must be positive"));
     }
     let work = prompt.len().min(blocks.saturating_mul(block_size));
-    Ok(if work > GIL_RELEASE_BYTES {
-        py.allow_threads(|| prefix_hash::prefix_key(prompt, block_size, seed, blocks))
-    } else {
+    Ok(gil::run(py, work > GIL_RELEASE_BYTES, || {
         prefix_hash::prefix_key(prompt, block_size, seed, blocks)
-    })
+    }))
 }
 
 /// Which endpoint (u32 id) holds which block hash, with a per-endpoint LRU capacity.

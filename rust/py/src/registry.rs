@@ -1,7 +1,7 @@
 //! The plugin registry as plain data: what the Python configuration loader derives its
 //! plugin names and argument validation from.
 
-use kthena_core::policies::{self, ArgSpec, OutOfRange, Reader, Value};
+use kthena_core::policies::{self, ArgSpec, Reader, Value};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -24,11 +24,6 @@ fn arg<'py>(py: Python<'py>, a: &ArgSpec) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("default", default(py, a.default)?)?;
     d.set_item("min", a.min)?;
     d.set_item("max", a.max)?;
-    let oor = match a.out_of_range {
-        OutOfRange::UseDefault => "default",
-        OutOfRange::Reject => "reject",
-    };
-    d.set_item("out_of_range", oor)?;
     d.set_item("kthena", a.kthena)?;
     let reader = match a.reader {
         Reader::Policy => "policy",

@@ -1,5 +1,6 @@
 //! Binding of `kthena_core::json_splice`: bytes in, bytes out.
 
+use crate::gil;
 use kthena_core::json_splice;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -22,19 +23,9 @@ pub fn splice_top_level<'py>(
         .collect();
     let big = body.len() > GIL_RELEASE_BYTES;
     let to_py = |e: json_splice::SpliceError| PyValueError::new_err(e.to_string());
-    let plan = if big {
-        py.allow_threads(|| json_splice::plan(body, &reps))
-    } else {
-        json_splice::plan(body, &reps)
-    }
-    .map_err(to_py)?;
+    let plan = gil::run(py, big, || json_splice::plan(body, &reps)).map_err(to_py)?;
     // Written straight into the new bytes object: one copy of the body, not two.
     PyBytes::new_with(py, plan.output_len(), |out| {
-        if big {
-            py.allow_threads(|| plan.write_into(body, &reps, out))
-        } else {
-            plan.write_into(body, &reps, out)
-        }
-        .map_err(to_py)
+        gil::run(py, big, || plan.write_into(body, &reps, out)).map_err(to_py)
     })
 }

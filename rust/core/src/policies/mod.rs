@@ -14,7 +14,7 @@
 use crate::scorer::Signals;
 
 pub mod spec;
-pub use spec::{ArgSpec, Kind, OutOfRange, Reader, Value};
+pub use spec::{ArgSpec, Kind, Reader, Value};
 
 pub mod gpu_usage;
 pub mod least_latency;

@@ -49,15 +49,6 @@ impl Value {
     }
 }
 
-/// What a value outside [min, max] does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OutOfRange {
-    /// The default is used, with a warning (Kthena silently does this for its integers).
-    UseDefault,
-    /// The configuration is refused.
-    Reject,
-}
-
 /// Who reads the value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reader {
@@ -78,8 +69,9 @@ pub struct ArgSpec {
     pub kind: Kind,
     pub default: Value,
     pub min: Option<f64>,
+    /// A value outside [min, max] refuses the configuration. Kthena silently falls back
+    /// to the default for its integers; an ignored setting is worse than a refused file.
     pub max: Option<f64>,
-    pub out_of_range: OutOfRange,
     /// Kthena's own argument (true) or one of ours.
     pub kthena: bool,
     pub reader: Reader,
@@ -97,7 +89,6 @@ impl ArgSpec {
             default,
             min: None,
             max: None,
-            out_of_range: OutOfRange::Reject,
             kthena: true,
             reader: Reader::Policy,
             paths: false,
@@ -127,18 +118,16 @@ impl ArgSpec {
         s
     }
 
-    /// A positive integer; other values fall back to the default with a warning (Kthena).
+    /// A positive integer.
     pub const fn positive(mut self) -> Self {
         self.min = Some(1.0);
-        self.out_of_range = OutOfRange::UseDefault;
         self
     }
 
-    /// A TCP port (1..=65535); other values fall back to the default with a warning.
+    /// A TCP port (1..=65535).
     pub const fn port(mut self) -> Self {
         self.min = Some(1.0);
         self.max = Some(65535.0);
-        self.out_of_range = OutOfRange::UseDefault;
         self
     }
 
@@ -146,7 +135,6 @@ impl ArgSpec {
     pub const fn range(mut self, min: f64, max: f64) -> Self {
         self.min = Some(min);
         self.max = Some(max);
-        self.out_of_range = OutOfRange::Reject;
         self
     }
 
