@@ -15,6 +15,7 @@ from kthena_router.kube.leader import LeaderElector
 from .autoscaler.controller import PERIOD_S, AutoscalerController
 from .booster.controller import BoosterController, Images
 from .capabilities import VolcanoWatch
+from .events import EventRecorder
 from .expectations import Expectations
 from .gang_sync import GangSync
 from .informers import Informers, Key
@@ -89,11 +90,15 @@ class Manager:
         self.metrics = ControllerMetrics()
         self.writer = Writer(api, is_leader, on_write=self.metrics.write, exit_after_writes=exit_after_writes)
         expectations = Expectations()
+        # Events have their own Writer: best effort, written by a background task, so they stay
+        # out of the reconciles' write count (--exit-after-writes) while obeying leadership.
+        self.events = EventRecorder(Writer(api, is_leader, on_write=self.metrics.write),
+                                    on_drop=self.metrics.events_dropped.inc)
         self.informers.on_owned_event = expectations.observe
         # Volcano's PodGroup CRD, watched: a change re-queues every ModelServing.
         self.volcano = VolcanoWatch(api, namespace, self.queue.add, self._requeue_all)
         self.reconciler = Reconciler(self.informers, self.writer, expectations,
-                                     gang=GangSync(self.volcano, self.writer, expectations))
+                                     gang=GangSync(self.volcano, self.writer, expectations), events=self.events)
         self.booster = BoosterController(api, namespace, self.writer, booster) if booster is not None else None
         # the autoscaler reads the ModelServings and pods from the informers above
         self.autoscaler = (AutoscalerController(api, namespace, self.writer, self.informers,
@@ -158,7 +163,8 @@ class Manager:
         probe/metrics ports cannot be bound."""
         self._informers_task = asyncio.create_task(self.informers.run(), name="informers")
         tasks: list[asyncio.Task[object]] = [self._informers_task,
-                                             asyncio.create_task(self.volcano.run(), name="volcano")]
+                                             asyncio.create_task(self.volcano.run(), name="volcano"),
+                                             asyncio.create_task(self.events.run(), name="events")]
         if self.booster is not None:
             tasks.append(self.booster.run_informers())
         if self.autoscaler is not None:

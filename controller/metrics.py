@@ -47,6 +47,9 @@ class ControllerMetrics:
         self.leader = Gauge("kthena_controller_leader", "1 while this replica holds the Lease and acts",
                             registry=r)
         self.synced = Gauge("kthena_controller_caches_synced", "1 once every informer has listed", registry=r)
+        self.events_dropped = Counter("kthena_controller_events_dropped_total",
+                                      "Kubernetes Events not written because the event queue was full",
+                                      registry=r)
         self.cached = Gauge("kthena_controller_cached_objects", "Objects in the informer caches", ["resource"],
                             registry=r)
 

@@ -34,6 +34,7 @@ from typing import Any
 from . import history, mergepatch
 from . import naming as n
 from .plugins import Chain, HookRequest, PluginError, build_chain
+from .events import EventRecorder
 from .expectations import Expectations
 from .gang import CONDITION as GANG_CONDITION
 from .gang_sync import GangSync
@@ -41,6 +42,7 @@ from .informers import Informers, Key
 from .kubeapi import Writer, collection_path, object_path
 from .planner import Plan, plan
 from .recovery import Decision, Recovery
+from .role_events import RoleEvents
 from .status import Extra, desired_status
 from .workqueue import RetryableError
 
@@ -78,8 +80,10 @@ async def slow_start(items: list[Obj], call: Callable[[Obj], Awaitable[None]], l
 class Reconciler:
     def __init__(self, informers: Informers, writer: Writer, expectations: Expectations | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
-                 gang: GangSync | None = None, recovery: Recovery | None = None) -> None:
-        """`gang`: Volcano PodGroups (controller/gang_sync.py); None: never used."""
+                 gang: GangSync | None = None, recovery: Recovery | None = None,
+                 events: EventRecorder | None = None) -> None:
+        """`gang`: Volcano PodGroups (controller/gang_sync.py); None: never used. `events`:
+        Kubernetes Events on the ModelServings; None: none written."""
         self.informers = informers
         self.gang = gang
         self.writer = writer
@@ -87,6 +91,8 @@ class Reconciler:
         self.clock = clock
         self.recovery = recovery or Recovery()
         self.status_writes = 0
+        self.events = events
+        self.role_events = RoleEvents()
         # key -> (the resourceVersion a status patch was based on, the object it returned): until
         # the cache moves past that resourceVersion, the returned object is the newer one
         self._own_writes: dict[Key, tuple[str, Obj]] = {}
@@ -107,6 +113,7 @@ class Reconciler:
             self.expectations.forget(key)
             self._own_writes.pop(key, None)
             self.recovery.forget(key)
+            self.role_events.forget(key)
             return None
         ms = self._latest(key, ms)
         meta = ms["metadata"]
@@ -117,7 +124,7 @@ class Reconciler:
         pods = self.expectations.overlay(key, "pods", self.informers.owned("pods", key, uid))
         services = self.expectations.overlay(key, "services", self.informers.owned("services", key, uid))
         revisions = self.expectations.overlay(key, history.KIND, self.informers.owned(history.KIND, key, uid))
-        pods, services, again = await self._recover(key, ms, pods, services, ours)
+        pods, services, again, recovered = await self._recover(key, ms, pods, services, ours)
         p = plan(ms, pods, services, history.templates(revisions))
         gang = await self.gang.sync(key, ms, p) if self.gang is not None else None  # before any pod
         if gang is not None and gang.wait is not None:
@@ -129,7 +136,10 @@ class Reconciler:
         if gang is not None:
             extra[GANG_CONDITION] = (gang.ok, gang.reason, gang.message)
         chain = self._plugins(ms, p, extra)
-        blocked = await self._apply(key, p, ms, chain, extra) + (gang.blocked if gang is not None else [])
+        created: list[Obj] = []
+        blocked = await self._apply(key, p, ms, chain, extra, created)
+        self._record(key, ms, p, created, recovered, blocked)
+        blocked += gang.blocked if gang is not None else []
         status = await self._write_status(key, ms, p, extra)
         await history.prune(self.writer, self.expectations, key, revisions, history.in_use(status, pods))
         if blocked:
@@ -137,14 +147,27 @@ class Reconciler:
                           f"terminating); retrying")
         return again
 
+    def _record(self, key: Key, ms: Obj, p: Plan, created: list[Obj], recovered: list[Obj],
+                blocked: list[str]) -> None:
+        if self.events is None:
+            return
+        for etype, reason, message in self.role_events.step(key, p, created, [*recovered, *p.delete_pods]):
+            self.events.emit(ms, etype, reason, message)
+        if blocked:
+            self.events.emit(ms, "Warning", "FailedCreate",
+                             f"{', '.join(blocked)} exist but are not owned by this ModelServing")
+
     async def _recover(self, key: Key, ms: Obj, pods: list[Obj], services: list[Obj], ours: set[str]
-                       ) -> tuple[list[Obj], list[Obj], float | None]:
+                       ) -> tuple[list[Obj], list[Obj], float | None, list[Obj]]:
         """The recovery policy (controller/recovery.py): delete the role replicas or groups to
         recreate (uid preconditions); the plan then sees them missing and creates them.
-        Returns the pods and Services left, and when to look again (a grace period or backoff)."""
+        Returns the pods and Services left, when to look again (a grace period or backoff),
+        and the pods deleted."""
         d: Decision = self.recovery.step(key, ms, pods, services, ours, self.clock())
         for unit, why in d.recreate:
             log.info("%s/%s: recreating %s (%s)", key[0], key[1], unit, why)
+            if self.events is not None:
+                self.events.emit(ms, "Warning", "Recreating", f"{unit}: {why}")
         for unit, wait in d.postponed:
             log.info("%s/%s: recreation of %s held back %.0fs (backoff)", key[0], key[1], unit, wait)
         gone: set[str] = set()
@@ -156,9 +179,10 @@ class Reconciler:
                 gone.add(str(m["uid"]))
         self.recovery.applied(key, d)
         if not gone:
-            return pods, services, d.requeue_after
+            return pods, services, d.requeue_after, []
         keep = [o for o in pods if str(o["metadata"]["uid"]) not in gone]
-        return keep, [s for s in services if str(s["metadata"]["uid"]) not in gone], d.requeue_after
+        return (keep, [s for s in services if str(s["metadata"]["uid"]) not in gone], d.requeue_after,
+                list(d.delete_pods))
 
     @staticmethod
     def _plugins(ms: Obj, p: Plan, extra: dict[str, Extra]) -> Chain | None:
@@ -174,7 +198,10 @@ class Reconciler:
         extra[PLUGINS_CONDITION] = (True, "PluginsApplied", f"{len(chain.entries)} plugin(s) run on every new pod")
         return chain
 
-    async def _apply(self, key: Key, p: Plan, ms: Obj, chain: Chain | None, extra: dict[str, Extra]) -> list[str]:
+    async def _apply(self, key: Key, p: Plan, ms: Obj, chain: Chain | None, extra: dict[str, Extra],
+                     created: list[Obj]) -> list[str]:
+        """Deletes and creates the plan's objects; the pods created are appended to `created`;
+        returns the objects that exist but are not ours."""
         ns = key[0]
         if p.surplus_groups:
             log.info("%s/%s: removing ServingGroups %s", ns, key[1], ", ".join(p.surplus_groups))
@@ -195,6 +222,8 @@ class Reconciler:
                     blocked.append(f"{kind[:-1]} {obj['metadata']['name']}")
                 else:
                     self.expectations.created(key, kind, made)
+                    if kind == "pods":
+                        created.append(made)
             await slow_start(new, create)
         if p.create_pods or p.delete_pods:
             log.info("%s/%s: created %d pods, %d Services; deleted %d pods, %d Services", ns, key[1],

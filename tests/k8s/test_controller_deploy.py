@@ -44,6 +44,7 @@ GRANTED = {
     ("", "pods"): {"get", "list", "watch", "create", "delete"},
     ("", "services"): {"get", "list", "watch", "create", "delete"},
     ("apps", "controllerrevisions"): {"get", "list", "watch", "create", "delete"},
+    ("", "events"): {"create", "patch"},
     ("scheduling.volcano.sh", "podgroups"): {"get", "list", "watch", "create", "patch", "delete"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
 }
@@ -210,7 +211,7 @@ def test_service_account_may_do_what_the_controller_needs_and_nothing_more(
     user = f"system:serviceaccount:{ns}:{sa}"
     extra = [("", "configmaps"), ("", "secrets"), ("", "pods/status"), ("", "pods/exec"), ("", "nodes"),
              ("", "serviceaccounts"), ("apps", "deployments"), ("apps", "statefulsets"),
-             ("", "events"), ("events.k8s.io", "events"), ("rbac.authorization.k8s.io", "roles"),
+             ("events.k8s.io", "events"), ("rbac.authorization.k8s.io", "roles"),
              ("networking.serving.volcano.sh", "externalmodelproviders"), (W, "autoscalingpolicies/scale"),
              ("scheduling.volcano.sh", "queues")]
     for (group, res), granted in {**GRANTED, **LEASES}.items():
@@ -261,6 +262,8 @@ def test_controller_runs_with_the_service_account_token(control_plane: k8s_harne
         assert controller_metric(port, "kthena_controller_api_writes_total", verb="create", resource="services",
                                  code="201") == 2
         assert controller_metric(port, "kthena_controller_api_writes_total", verb="delete", resource="pods") == 2
+        harness.wait_until(lambda: controller_metric(port, "kthena_controller_api_writes_total", verb="create",
+                                                     resource="events", code="201") > 0, 30, what="an Event")
         assert controller_metric(port, "kthena_controller_api_writes_total", code="403") == 0
         assert controller_metric(port, "kthena_controller_reconcile_total", result="success") > 0
         assert controller_metric(port, "kthena_controller_reconcile_duration_seconds_count") > 0
