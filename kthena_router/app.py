@@ -207,14 +207,7 @@ def create_app(settings: RouterSettings | None = None) -> Any:
         applier.after_swap.append(link.on_state)
         if reloader is not None:  # a reload may build a new scheduler: bind that one too
             link.bind(reloader.scheduler)
-            prev_installed = reloader.on_install
-
-            def rebind(rc: Any, link: PodStateLink = link, reloader: RouterConfigReloader = reloader) -> None:
-                if prev_installed is not None:
-                    prev_installed(rc)
-                link.bind(reloader.scheduler)
-
-            reloader.on_install = rebind
+            reloader.on_build = link.bind
     debug = DebugServer(settings.runtime_dir, {
         "kv_ownership": lambda: reloader.matcher.debug_view() if reloader is not None and reloader.matcher is not None else None,
         "pd": pd_pairer.debug_view,

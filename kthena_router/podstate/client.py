@@ -31,12 +31,14 @@ class PodStateClient:
     def __init__(self, path: str, *, on_snapshot: Callable[[EndpointSnapshot], None],
                  on_probes: Callable[[list[tuple[str, bool]]], None],
                  on_inserts: Callable[[bytes], None],
-                 on_mode: Callable[[bool], None]) -> None:
+                 on_mode: Callable[[bool], None],
+                 on_kv: Callable[[list[wire.KvOp]], None] = lambda ops: None) -> None:
         self.path = path
         self.on_snapshot = on_snapshot
         self.on_probes = on_probes
         self.on_inserts = on_inserts
         self.on_mode = on_mode
+        self.on_kv = on_kv
         self.targets = wire.Targets()
         self.connected = False
         self.inserts_sent = 0
@@ -140,6 +142,8 @@ class PodStateClient:
                     self.on_snapshot(wire.decode_snapshot(payload))
                 elif kind == wire.PROBES:
                     self.on_probes(wire.decode_probes(payload))
+                elif kind == wire.KV:
+                    self.on_kv(wire.decode_kv(payload))
             except wire.decode_error():
                 raise
             except Exception:  # a consumer bug must not cut the worker off the hub

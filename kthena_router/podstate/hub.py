@@ -32,6 +32,7 @@ from kthena_router.engine_state.snapshot import EndpointSnapshot
 from kthena_router.settings import RouterSettings
 
 from . import wire
+from .kv_relay import HubKvSink, hub_sources
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class Hub:
         self.replay: deque[bytes] = deque()
         self.replay_bytes = 0
         self.probes_sent = 0  # GET /health requests made (debugging, tests)
+        self.kv = HubKvSink(self._broadcast)
+        self.kv_subs: Any = None  # KvEventSubscribers, at the first KV-event source
         self._session: aiohttp.ClientSession | None = None
         self._insecure = ssl.create_default_context()
         self._insecure.check_hostname = False
@@ -102,6 +105,9 @@ class Hub:
             self._send(conn, wire.frame(wire.PROBES, wire.encode_probes(self.probe_results.items())))
         for payload in self.replay:
             self._send(conn, wire.frame(wire.INSERTS, payload))
+        kv = self.kv.welcome()
+        if kv is not None:
+            self._send(conn, kv)
 
     # --- endpoint sets -----------------------------------------------------------------------
     def _retarget(self) -> None:
@@ -112,14 +118,23 @@ class Hub:
             return
         probe: dict[str, wire.ProbeTarget] = {}
         scrape: dict[str, wire.ScrapeSpec] = {}
+        kv: dict[str, wire.KvSpec] = {}
         for c in live:
             probe.update((t.key, t) for t in c.targets.probe)
             scrape.update((s.key, s) for s in c.targets.scrape)
+            kv.update((s.key, s) for s in c.targets.kv)
         self.probe_targets = probe
         for key in [k for k in self.probe_results if k not in probe]:
             del self.probe_results[key]
         if self.scraper is not None:
             self.scraper.set_endpoints((s.key, s.base_url, s.flavour) for s in scrape.values())
+        if kv and self.kv_subs is None:
+            from kthena_router.kv_events.subscriber import KvEventSubscribers  # zmq: only when used
+
+            self.kv_subs = KvEventSubscribers(self.kv)
+        if self.kv_subs is not None:
+            self.kv_subs.set_sources(hub_sources(kv.values()))
+            self.kv.forget(kv)
 
     # --- connections ---------------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -198,9 +213,13 @@ class Hub:
                 await asyncio.sleep(PARENT_CHECK_S)
         finally:
             server.close()
+            for conn in list(self.conns):  # workers see EOF now, not at process exit
+                conn.writer.close()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.kv_subs is not None:
+                await self.kv_subs.close()
             await session.close()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)

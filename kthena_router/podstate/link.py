@@ -26,6 +26,7 @@ from kthena_router.state import RouterState, StateHolder
 
 from . import wire
 from .client import PodStateClient
+from .kv_relay import SharedKvSubscribers, apply_ops
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +77,12 @@ class PodStateLink:
         self.scheduler = scheduler  # the live Scheduler (a reload may replace it), or None
         self._probe: tuple[wire.ProbeTarget, ...] = ()
         self._scrape: tuple[wire.ScrapeSpec, ...] = ()
+        self._kv: tuple[wire.KvSpec, ...] = ()
+        self._mode_known = False  # set by the first connection attempt's outcome
         self.inserts_applied = 0  # records from other workers put into this worker's index
         self.client = PodStateClient(settings.pod_state_socket, on_snapshot=self._snapshot,
-                                     on_probes=self._probes, on_inserts=self._inserts, on_mode=self._mode)
+                                     on_probes=self._probes, on_inserts=self._inserts, on_mode=self._mode,
+                                     on_kv=self._kv_ops)
 
     def attach_scraper(self, scraper: SharedScraper) -> None:
         """The worker's scraper (created in the lifespan, with a router configuration)."""
@@ -96,22 +100,41 @@ class PodStateLink:
                 if ep_id is not None:
                     index[key] = sched.index.endpoint_len(ep_id)
         c = self.client
-        return {"mode": "hub" if c.connected else "local", "socket": c.path, "inserts_sent": c.inserts_sent,
+        matcher = self._matcher()
+        subs = matcher.subscribers if matcher is not None else None
+        kv_local = subs.local_streams() if isinstance(subs, SharedKvSubscribers) else None
+        return {"mode": "hub" if c.connected else "local", "socket": c.path, "kv_local_streams": kv_local,
+                "inserts_sent": c.inserts_sent,
                 "inserts_dropped": c.inserts_dropped, "inserts_applied": self.inserts_applied, "index": index}
 
     # --- outgoing ----------------------------------------------------------------------------
+    def _targets(self) -> None:
+        self.client.set_targets(wire.Targets(self._probe, self._scrape, self._kv))
+
     def on_state(self, state: RouterState) -> None:
         self._probe = probe_targets(state)
-        self.client.set_targets(wire.Targets(self._probe, self._scrape))
+        self._targets()
 
     def _set_scrape(self, specs: tuple[wire.ScrapeSpec, ...]) -> None:
         self._scrape = specs
-        self.client.set_targets(wire.Targets(self._probe, self._scrape))
+        self._targets()
+
+    def _set_kv(self, sources: Any) -> None:
+        self._kv = tuple(wire.KvSpec(k, s.pub, s.replay, s.topic) for k, s in sources.items())
+        self._targets()
 
     def bind(self, scheduler: Any) -> None:
-        """Send this scheduler's dispatch-time inserts to the hub."""
-        if scheduler is not None:
-            scheduler.on_insert = self._send_insert
+        """Send this scheduler's dispatch-time inserts to the hub; its kvcache-aware matcher
+        (if any) follows the hub's KV-event streams instead of subscribing itself. Called
+        before the scheduler is synced (nothing subscribed yet)."""
+        if scheduler is None:
+            return
+        scheduler.on_insert = self._send_insert
+        matcher = scheduler.kv_matcher
+        if matcher is not None and not isinstance(matcher.subscribers, SharedKvSubscribers):
+            # before the first connection attempt: assume the hub (no subscription to undo)
+            remote = self.client.connected or not self._mode_known
+            matcher.subscribers = SharedKvSubscribers(matcher.subscribers, self._set_kv, remote)
 
     def _send_insert(self, key: str, hashes: BlockHashes) -> None:
         if self.client.connected:
@@ -143,7 +166,20 @@ class PodStateLink:
                 index.insert(ep_id, BlockHashes(hashes))
                 self.inserts_applied += 1
 
+    def _matcher(self) -> Any:
+        sched = self.scheduler()
+        return sched.kv_matcher if sched is not None else None
+
+    def _kv_ops(self, ops: list[wire.KvOp]) -> None:
+        matcher = self._matcher()
+        if matcher is not None and isinstance(matcher.subscribers, SharedKvSubscribers):
+            apply_ops(ops, matcher.subscribers.real.sink, matcher.metrics, matcher.subscribers.hub_up)
+
     def _mode(self, connected: bool) -> None:
+        self._mode_known = True
+        matcher = self._matcher()
+        if matcher is not None and isinstance(matcher.subscribers, SharedKvSubscribers):
+            matcher.subscribers.set_remote(connected)
         self.prober.remote = connected
         if self.scraper is not None:
             self.scraper.remote = connected

@@ -18,7 +18,9 @@ import msgspec
 
 from kthena_router.engine_state.snapshot import EndpointSnapshot
 
-HELLO, TARGETS, INSERTS, SNAPSHOT, PROBES = 1, 2, 3, 4, 5
+HELLO, TARGETS, INSERTS, SNAPSHOT, PROBES, KV = 1, 2, 3, 4, 5, 6
+# KV ops: an engine stored / removed blocks, dropped everything, its stream went up / down
+KV_STORED, KV_REMOVED, KV_CLEARED, KV_UP, KV_DOWN = 1, 2, 3, 4, 5
 MAX_FRAME = 64 * 1024 * 1024  # a larger length means a corrupt stream: drop the connection
 HEADER = struct.Struct(">IB")
 _KLEN, _COUNT = struct.Struct("<H"), struct.Struct("<I")
@@ -95,17 +97,32 @@ class ScrapeSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class KvSpec:
+    """An engine's KV-event stream (kv_events.EventSource) for the endpoint `key`."""
+    key: str
+    pub: str
+    replay: str | None = None
+    topic: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Targets:
     """A worker's endpoint sets: every endpoint to probe, and (router configuration only)
-    every endpoint to scrape. The hub serves the union over its live workers."""
+    every endpoint to scrape and (kvcache-aware) every KV-event stream to follow. The hub
+    serves the union over its live workers."""
     probe: tuple[ProbeTarget, ...] = ()
     scrape: tuple[ScrapeSpec, ...] = ()
+    kv: tuple[KvSpec, ...] = ()
+
+
+KvOp = tuple[int, str, list[int]]  # (KV_* op, endpoint key, block hashes or [])
 
 
 _targets_dec = msgspec.msgpack.Decoder(Targets)
 _snap_dec = msgspec.msgpack.Decoder(EndpointSnapshot)
 _probes_dec = msgspec.msgpack.Decoder(list[tuple[str, bool]])
 _hello_dec = msgspec.msgpack.Decoder(dict[str, Any])
+_kv_dec = msgspec.msgpack.Decoder(list[tuple[int, str, list[int]]])
 _enc = msgspec.msgpack.Encoder()
 
 
@@ -131,6 +148,14 @@ def encode_probes(results: Iterable[tuple[str, bool]]) -> bytes:
 
 def decode_probes(b: bytes) -> list[tuple[str, bool]]:
     return _probes_dec.decode(b)
+
+
+def encode_kv(ops: Iterable[KvOp]) -> bytes:
+    return _enc.encode(list(ops))
+
+
+def decode_kv(b: bytes) -> list[KvOp]:
+    return _kv_dec.decode(b)
 
 
 def encode_hello(pid: int) -> bytes:
