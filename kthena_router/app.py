@@ -5,8 +5,8 @@ callable; starlette serves the rest (lifespan, /v1/models, OpenAI-style 404s), w
 Request/Response objects cost nothing that matters.
 
 Per worker process: the config state, route table, endpoint health, round-robin
-counters, upstream connection pool and health prober (every worker probes every
-endpoint every `health_probe_interval_s`). With a routerConfiguration (--router-config):
+counters, upstream connection pool and health prober (probes every endpoint every
+`health_probe_interval_s`, unless the pod-state hub does it for every worker). With a routerConfiguration (--router-config):
 also the scheduler (Rust scorers, in-flight counts, approximate prefix index), the
 engine-state scraper and the router configuration's reload (router_config_reload.py).
 With several workers the pod-state hub (podstate/, docs/pod-state.md) probes and scrapes
