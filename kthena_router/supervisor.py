@@ -208,6 +208,8 @@ class Supervisor:
                 else:
                     view.begin_drain()
                     supervisor._write_drain_marker()
+                    if supervisor.hub is not None:
+                        supervisor.hub.no_restart()
                     log.warning(
                         "stop signal: draining (readyz fails, in-flight requests get %.0fs)",
                         settings.drain_grace_s,

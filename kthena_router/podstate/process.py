@@ -52,6 +52,10 @@ class HubProcess:
         except OSError:
             pass
 
+    def no_restart(self) -> None:
+        """Draining: a hub that dies now stays dead (the workers poll on their own)."""
+        self._stopped = True
+
     def ensure(self) -> None:
         """Restart a hub that died (the workers work on their own meanwhile)."""
         if self._stopped or self.proc is None or self.proc.is_alive():

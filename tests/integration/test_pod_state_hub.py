@@ -128,8 +128,8 @@ def test_every_worker_index_gets_every_insert(router: harness.Router) -> None:
 
     vs = harness.wait_until(synced, 30, what="identical prefix indexes in every worker")
     assert all(v["mode"] == "hub" for v in vs)
-    # the requests came through several workers and each applied the others' inserts
-    assert sum(1 for v in vs if v["inserts_sent"] > 0) >= 2, vs
+    # whichever workers served them (granian picks), the others got their inserts relayed
+    assert any(v["inserts_sent"] > 0 for v in vs), vs
     assert sum(v["inserts_applied"] for v in vs) > 0, vs
 
 
