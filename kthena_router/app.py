@@ -5,11 +5,13 @@ callable; starlette serves the rest (lifespan, /v1/models, OpenAI-style 404s), w
 Request/Response objects cost nothing that matters.
 
 Per worker process: the config state, route table, endpoint health, round-robin
-counters, upstream connection pool and health prober (every worker probes every
-endpoint every `health_probe_interval_s`). With a routerConfiguration (--router-config):
+counters, upstream connection pool and health prober (probes every endpoint every
+`health_probe_interval_s`, unless the pod-state hub does it for every worker). With a routerConfiguration (--router-config):
 also the scheduler (Rust scorers, in-flight counts, approximate prefix index), the
-engine-state scraper (every worker scrapes every endpoint every `scrape_interval_s`) and
-the router configuration's reload (router_config_reload.py).
+engine-state scraper and the router configuration's reload (router_config_reload.py).
+With several workers the pod-state hub (podstate/, docs/pod-state.md) probes and scrapes
+once per pod and relays prefix-index inserts; each worker's own prober and scraper idle
+while it is connected and take over when it is not.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from kthena_router.loop_lag import LoopLagSampler
 from kthena_router.metrics import RouterMetrics, ensure_multiprocess
 from kthena_router.pd.config import DEFAULT_PD
 from kthena_router.pd.pairing import PdPairer
+from kthena_router.podstate.link import PodStateLink, SharedScraper
 from kthena_router.proxy.forward import Forwarder, Receive, Scope, Send
 from kthena_router.proxy.upstream import H1Pool, UpstreamPool
 from kthena_router.ratelimit.limiter import Limiter
@@ -198,9 +201,17 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                     metrics.set_endpoint_healthy(ep.server_label, key, healthy)
 
     registry.set_health_listener(health_changed)
+    link: PodStateLink | None = None
+    if settings.pod_state_socket:  # several workers: scraping, probing, inserts via the hub
+        link = PodStateLink(settings, holder, prober, lambda: reloader.scheduler if reloader is not None else None)
+        applier.after_swap.append(link.on_state)
+        if reloader is not None:  # a reload may build a new scheduler: bind that one too
+            link.bind(reloader.scheduler)
+            reloader.on_build = link.bind
     debug = DebugServer(settings.runtime_dir, {
         "kv_ownership": lambda: reloader.matcher.debug_view() if reloader is not None and reloader.matcher is not None else None,
         "pd": pd_pairer.debug_view,
+        "pod_state": lambda: link.debug_view() if link is not None else None,
         "response_ids": lambda: {"count": len(forwarder.response_ids), "limit": forwarder.response_ids.limit},
     })
 
@@ -212,12 +223,18 @@ def create_app(settings: RouterSettings | None = None) -> Any:
         loop = asyncio.get_running_loop()
         scraper: EngineStateScraper | None = None
         if reloader is not None:
-            scraper = EngineStateScraper(pool.session, settings.scrape_interval_s)
+            scraper = (SharedScraper if settings.pod_state_socket else EngineStateScraper)(
+                pool.session, settings.scrape_interval_s)
             await reloader.start(scraper)
             applier.on_swap = reloader.on_state
             fairness.follow(scraper, applier)
             tasks.append(loop.create_task(fairness.run()))
+        if link is not None and isinstance(scraper, SharedScraper):
+            link.attach_scraper(scraper)
         await applier.apply(cfg)
+        if link is not None:
+            await link.client.connect_first()  # bounded: a hub that is not there means local mode
+            link.client.start()
         await identity.start()
         if scraper is not None:
             tasks.append(loop.create_task(scraper.run()))
@@ -244,6 +261,8 @@ def create_app(settings: RouterSettings | None = None) -> Any:
         finally:
             gc_monitor.stop()
             await debug.close()
+            if link is not None:
+                await link.client.close()
             for w in watchers:
                 w.stop()
             if scraper is not None:

@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Kthena routerConfiguration YAML (scheduler plugins; ours: traffic: timeouts, "
                         "outlier detection, admission, buffered-reply cap; reloaded like --config). "
                         "Without it: round-robin among healthy endpoints")
+    p.add_argument("--pod-state", default=d.pod_state, choices=["auto", "off"],
+                   help="with several workers: one process per pod scrapes, probes and shares the "
+                        "prefix index (auto), or every worker on its own (off)")
     p.add_argument("--scrape-interval-s", type=float, default=d.scrape_interval_s,
                    help="engine /metrics + /v1/models scrape period (with --router-config)")
     p.add_argument("--hot-spot-abs", type=float, default=d.hot_spot_abs,
@@ -118,6 +121,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         upstream_pool_size=args.upstream_pool_size,
         router_config_path=args.router_config_path,
         scrape_interval_s=args.scrape_interval_s,
+        pod_state=args.pod_state,
         hot_spot_abs=args.hot_spot_abs,
         hot_spot_rel=args.hot_spot_rel,
         access_log=args.access_log,

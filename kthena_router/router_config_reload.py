@@ -148,6 +148,8 @@ class RouterConfigReloader:
         self.holder = RouterConfigHolder(rc)
         self.selector = selector  # usable endpoints / panic, shared by every scheduler built here
         self.on_install: Callable[[RouterConfiguration], None] | None = None  # after each install
+        # every new Scheduler, before it is synced or installed (the pod-state link binds it)
+        self.on_build: Callable[[Scheduler], None] | None = None
         self.scheduling = build_scheduling(rc.scheduler, rc.source, settings, metrics, selector)
         self.balancer = SwitchingBalancer(self.scheduling.scheduler)
         self.scraper: EngineStateScraper | None = None
@@ -237,6 +239,8 @@ class RouterConfigReloader:
             log.exception("cannot build the scheduler of %s; keeping the previous one", rc.source)
             self.on_error(ConfigError([ConfigProblem(rc.source, "", "scheduler", f"internal error: {exc!r}")]))
             return
+        if self.on_build is not None:
+            self.on_build(new.scheduler)
         await self._load_tokenizers(new)
         if ticket != self._latest:  # a newer configuration arrived meanwhile
             if new.matcher is not None:

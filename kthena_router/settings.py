@@ -117,6 +117,11 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     leader_identity: str = ""
     """Kubernetes mode: this replica's holderIdentity in the Lease. Empty: filled in at startup
     from POD_NAME, else `<hostname>_<random>`."""
+    pod_state: str = "auto"
+    """With several workers: "auto" runs one pod-state hub (scrapes, probes and relays
+    prefix-index inserts once per pod, docs/pod-state.md); "off": every worker on its own."""
+    pod_state_socket: str = ""
+    """The hub's unix socket; set by the supervisor when it starts a hub (empty: no hub)."""
     app_factory: str = "kthena_router.app:create_app"
     """granian target (module:factory) of the workers; changed only by tests of the supervisor."""
 
@@ -175,6 +180,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise SettingsError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if self.drain_grace_s < 0:
             raise SettingsError(f"drain_grace_s must be >= 0, got {self.drain_grace_s}")
+        if self.pod_state not in ("auto", "off"):
+            raise SettingsError(f"pod_state must be auto or off, got {self.pod_state!r}")
         if self.scrape_interval_s <= 0:
             raise SettingsError(f"scrape_interval_s must be > 0, got {self.scrape_interval_s}")
         if self.hot_spot_abs < 0 or self.hot_spot_rel < 1:

@@ -112,6 +112,7 @@ class Supervisor:
         self._server: Any = None
         self._known_pids: set[int] = set()
         self._stop = threading.Event()
+        self.hub: Any = None  # HubProcess with several workers (podstate/process.py)
 
     # --- workers ---------------------------------------------------------------------
 
@@ -134,6 +135,8 @@ class Supervisor:
 
         while not self._stop.wait(0.5):
             self._reap_once(multiprocess)
+            if self.hub is not None:
+                self.hub.ensure()
         self._reap_once(multiprocess)
 
     def _reap_once(self, multiprocess: Any) -> None:
@@ -149,7 +152,9 @@ class Supervisor:
     # --- main --------------------------------------------------------------------------
 
     def run(self) -> int:
-        settings = self.settings
+        from kthena_router.podstate.process import HubProcess, with_hub_socket
+
+        settings = self.settings = with_hub_socket(self.settings)
         # Before anything imports prometheus_client: it picks file-backed values at import.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = settings.prometheus_dir
         # The startup check of --router-config may have imported prometheus_client already (in
@@ -185,6 +190,9 @@ class Supervisor:
         if self.kube is not None:
             self.kube.start()
         log.info("admin server on http://%s:%d", settings.admin_host, settings.admin_port)
+        if settings.pod_state_socket:  # before the workers: they connect at start
+            self.hub = HubProcess(settings, logging_config(settings.log_level))
+            self.hub.start()
 
         supervisor = self
 
@@ -200,6 +208,8 @@ class Supervisor:
                 else:
                     view.begin_drain()
                     supervisor._write_drain_marker()
+                    if supervisor.hub is not None:
+                        supervisor.hub.no_restart()
                     log.warning(
                         "stop signal: draining (readyz fails, in-flight requests get %.0fs)",
                         settings.drain_grace_s,
@@ -239,6 +249,8 @@ class Supervisor:
             if self.kube is not None:
                 self.kube.stop()
             reaper.join(timeout=5)
+            if self.hub is not None:
+                self.hub.stop()
             admin.stop()
         if code:
             log.error("router stopped: workers failed (see the log above)")

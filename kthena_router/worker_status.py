@@ -35,6 +35,9 @@ class WorkerStatus(msgspec.Struct, kw_only=True):
     last_error: str | None = None
     """Message of the last failed reload (the old config stays in use), None if it succeeded."""
     updated_at: float = 0.0
+    pod_state: str = ""
+    """"hub": engine state from the pod-state hub; "local": this worker scrapes and probes
+    itself (hub down); "": no hub (one worker, or --pod-state off)."""
 
 
 def _path(runtime_dir: str, pid: int) -> Path:
@@ -57,6 +60,7 @@ def _read_one(path: Path) -> WorkerStatus | None:
 
 _started_at = 0.0  # set on the first report of this process
 _router_digest = ""  # router configuration in use, carried into every report
+_pod_state = ""  # carried into every report
 
 
 def report_applied(settings: "RouterSettings", digest: str) -> None:
@@ -69,7 +73,7 @@ def report_applied(settings: "RouterSettings", digest: str) -> None:
     _write(
         settings.runtime_dir,
         WorkerStatus(pid=os.getpid(), digest=digest, router_digest=_router_digest, applied_at=now,
-                     started_at=_started_at, updated_at=now),
+                     started_at=_started_at, updated_at=now, pod_state=_pod_state),
     )
 
 
@@ -85,6 +89,18 @@ def report_router_config_applied(settings: "RouterSettings", digest: str) -> Non
     now = time.time()
     _write(settings.runtime_dir,
            msgspec.structs.replace(previous, router_digest=digest, last_error=None, updated_at=now))
+
+
+def report_pod_state(settings: "RouterSettings", mode: str) -> None:
+    """Worker side: where its engine state comes from now ("hub" or "local")."""
+    global _pod_state
+    _pod_state = mode
+    if not settings.runtime_dir:
+        return
+    previous = _read_one(_path(settings.runtime_dir, os.getpid()))
+    if previous is None:
+        return  # the first report_applied carries it
+    _write(settings.runtime_dir, msgspec.structs.replace(previous, pod_state=mode, updated_at=time.time()))
 
 
 def report_failed(settings: "RouterSettings", error: str) -> None:

@@ -192,7 +192,8 @@ class EndpointHealth:
 
 
 class HealthProber:
-    """Active probing: GET /health of every endpoint every `interval_s` (per worker)."""
+    """Active probing: GET /health of every endpoint every `interval_s` (per worker;
+    idle while `remote`: the pod-state hub probes for every worker, podstate/link.py)."""
 
     def __init__(self, session_getter: Callable[[], aiohttp.ClientSession],
                  endpoints: Callable[[], Iterable["EndpointState"]],
@@ -204,6 +205,7 @@ class HealthProber:
         self._task: asyncio.Task[None] | None = None
         self._inflight: set[str] = set()
         self._bg: set[asyncio.Task[None]] = set()
+        self.remote = False
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -222,6 +224,8 @@ class HealthProber:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._interval)
+            if self.remote:
+                continue
             try:
                 await self.probe_all()
             except asyncio.CancelledError:

@@ -206,6 +206,10 @@ class SnapshotTracker:
     def snapshot(self) -> EndpointSnapshot | None:
         return self._snap
 
+    def adopt(self, snap: EndpointSnapshot) -> None:
+        """A snapshot scraped by another process (the pod-state hub) becomes the current one."""
+        self._snap = snap
+
     def on_success(self, parsed: ParsedMetrics, models: ModelsInfo | None, now: float,
                    observed_mark: tuple[int, int] | None = None) -> EndpointSnapshot:
         prev = self._snap

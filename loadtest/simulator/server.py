@@ -88,6 +88,8 @@ class EngineServer(RequestValidation, ProbeEndpoints, ResponsesEndpoints, ModelE
         self._rr = itertools.count()
         self._runner: web.AppRunner | None = None
         self._site: web.SockSite | None = None
+        # GET /health and /metrics served: how often routers probe and scrape this engine
+        self.polls = {"health": 0, "metrics": 0}
         self.app = self._make_app()
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -453,6 +455,7 @@ class EngineServer(RequestValidation, ProbeEndpoints, ResponsesEndpoints, ModelE
 
     # --- health, metrics, probes of other routers -----------------------------------------
     async def health(self, request: web.Request) -> web.Response:
+        self.polls["health"] += 1
         if self.faults.starting():
             return web.Response(status=503)
         return web.Response(status=200)
@@ -473,6 +476,7 @@ class EngineServer(RequestValidation, ProbeEndpoints, ResponsesEndpoints, ModelE
         return [RankView(i, e.snapshot()) for i, e in enumerate(self.engines)]
 
     async def metrics(self, request: web.Request) -> web.Response:
+        self.polls["metrics"] += 1
         body = render(self.cfg.flavour, self.cfg.model, self.views(), self.cfg.max_loras)
         return web.Response(body=body, headers={
             "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
@@ -500,7 +504,7 @@ class EngineServer(RequestValidation, ProbeEndpoints, ResponsesEndpoints, ModelE
                 "cached_free_blocks": total("cached_free_blocks"),
                 "lag_seconds": max(r["lag_seconds"] for r in ranks),
                 "lag_max_seconds": max(r["lag_max_seconds"] for r in ranks),
-                "loras": list(self.loras), "ranks": ranks,
+                "loras": list(self.loras), "ranks": ranks, "polls": dict(self.polls),
                 "pd": self.pd.state() if self.pd is not None else None}
 
     def summary(self) -> dict[str, Any]:

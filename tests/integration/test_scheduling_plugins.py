@@ -20,7 +20,7 @@ from loadtest.shared_prefix.workload import WorkloadSpec, generate
 
 KV_BLOCKS = 576  # per engine: 9216 tokens, ~3 of the 6 prefixes with their running requests
 HIT_MARGIN = 0.12  # prefix-cache over round-robin, absolute (observed 0.23-0.27 with 1 worker)
-HIT_MARGIN_2W = 0.05  # 2 workers: each has its own approximate index (observed 0.07-0.27)
+HIT_MARGIN_2W = 0.05  # 2 workers (observed 0.07-0.27 when each had its own index; now the pod-state hub shares it)
 
 # The index is sized by the router: engine KV (vllm:cache_config_info) x learned bytes per
 # token (the workload's one-token words: ~11 B/token, far from the 4 B/token prior).

@@ -1,0 +1,74 @@
+"""The hub and two worker clients in one event loop (real unix sockets, no router): inserts
+reach the other worker only, a late worker gets the replay, and a hub that goes away flips
+the workers to local mode without blocking their sends; they reconnect when it is back."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kthena_router.podstate import client as client_mod
+from kthena_router.podstate import wire
+from kthena_router.podstate.client import PodStateClient
+from kthena_router.podstate.hub import Hub
+from kthena_router.settings import RouterSettings
+
+
+class Worker:
+    def __init__(self, path: str) -> None:
+        self.inserts: list[tuple[str, list[int]]] = []
+        self.modes: list[bool] = []
+        self.client = PodStateClient(path, on_snapshot=lambda s: None, on_probes=lambda r: None,
+                                     on_inserts=lambda p: self.inserts.extend(wire.decode_inserts(p)),
+                                     on_mode=self.modes.append)
+
+
+async def until(pred: Any, timeout: float = 20.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not pred():
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.asyncio
+async def test_relay_replay_and_hub_loss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_mod, "RETRY_S", 0.05)
+    path = str(tmp_path / "hub.sock")
+    settings = RouterSettings(config_path="x.yaml", health_probe_interval_s=0.05)
+    hub_task = asyncio.create_task(Hub(settings, path).serve())
+    a, b = Worker(path), Worker(path)
+    for w in (a, b):
+        assert await w.client.connect_first(attempts=100, delay_s=0.02)
+        w.client.start()
+    a.client.send_insert("127.0.0.1:1", [1, 2, 3])
+    a.client.send_insert("127.0.0.1:2", [4])  # same loop iteration: one frame
+    await until(lambda: len(b.inserts) == 2)
+    assert b.inserts == [("127.0.0.1:1", [1, 2, 3]), ("127.0.0.1:2", [4])]
+    assert a.inserts == [] and a.client.inserts_sent == 1
+    late = Worker(path)  # a (re)started worker: the replay log first
+    assert await late.client.connect_first()
+    late.client.start()
+    await until(lambda: len(late.inserts) == 2)
+
+    hub_task.cancel()
+    await asyncio.gather(hub_task, return_exceptions=True)
+    await until(lambda: a.modes[-1:] == [False] and b.modes[-1:] == [False])
+    a.client.send_insert("127.0.0.1:1", [9])  # no hub: dropped at once, never waits
+    assert not a.client.connected
+
+    hub_task = asyncio.create_task(Hub(settings, path).serve())
+    await until(lambda: a.client.connected and b.client.connected)
+    assert a.modes[-1] is True
+    for w in (a, b, late):
+        await w.client.close()
+    hub_task.cancel()
+    await asyncio.gather(hub_task, return_exceptions=True)
+
+
+@pytest.mark.asyncio
+async def test_no_hub_means_local_mode_after_bounded_attempts(tmp_path: Path) -> None:
+    w = Worker(str(tmp_path / "nobody.sock"))
+    assert not await w.client.connect_first(attempts=3, delay_s=0.01)
+    assert w.modes == [False]
