@@ -21,7 +21,7 @@ def _lines(upstream: bytes) -> list[str]:
 
 
 def test_request_headers_drop_hop_by_hop_and_connection_named() -> None:
-    h = RequestHeaders([(b"Connection", b"keep-alive, X-Secret-Hop"), (b"x-secret-hop", b"1"),
+    h = RequestHeaders.from_asgi([(b"Connection", b"keep-alive, X-Secret-Hop"), (b"x-secret-hop", b"1"),
                         (b"keep-alive", b"timeout=5"), (b"TE", b"trailers"), (b"authorization", b"Bearer k"),
                         (b"X-Api-Key", b"sk"), (b"accept-encoding", b"gzip, br"), (b"x-kept", b"yes"),
                         (b"host", b"router"), (b"content-length", b"10")])
@@ -33,10 +33,10 @@ def test_request_headers_drop_hop_by_hop_and_connection_named() -> None:
 
 
 def test_request_id_kept_or_generated() -> None:
-    assert RequestHeaders([(b"x-request-id", b"abc-1")]).request_id == "abc-1"
-    generated = RequestHeaders([]).request_id
-    assert len(generated) == 32 and generated != RequestHeaders([]).request_id
-    assert RequestHeaders([(b"x-request-id", b"x" * 500)]).request_id != "x" * 500
+    assert RequestHeaders.from_asgi([(b"x-request-id", b"abc-1")]).request_id == "abc-1"
+    generated = RequestHeaders.from_asgi([]).request_id
+    assert len(generated) == 32 and generated != RequestHeaders.from_asgi([]).request_id
+    assert RequestHeaders.from_asgi([(b"x-request-id", b"x" * 500)]).request_id != "x" * 500
 
 
 def test_response_headers_filtered() -> None:
@@ -124,10 +124,10 @@ def test_access_log_buffers_and_flushes(tmp_path: Path) -> None:
 
 
 def test_request_headers_refusal_in_the_same_pass() -> None:
-    ok = RequestHeaders([(b"content-type", b"application/json"), (b"content-encoding", b"identity")])
+    ok = RequestHeaders.from_asgi([(b"content-type", b"application/json"), (b"content-encoding", b"identity")])
     assert ok.refusal is None
-    gz = RequestHeaders([(b"content-encoding", b"identity"), (b"content-encoding", b"gzip")])
+    gz = RequestHeaders.from_asgi([(b"content-encoding", b"identity"), (b"content-encoding", b"gzip")])
     assert gz.refusal is not None and gz.refusal.status == 415 and "gzip" in gz.refusal.message
-    two = RequestHeaders([(b"content-type", b"application/json"), (b"content-type", b"text/plain")])
+    two = RequestHeaders.from_asgi([(b"content-type", b"application/json"), (b"content-type", b"text/plain")])
     assert two.refusal is not None and two.refusal.status == 400
     assert b"content-encoding: identity\r\n" in ok.upstream
