@@ -10,7 +10,9 @@ and of the router's parent.
     python -m loadtest.profile_worker --router asgi="--interface asgi" --router rsgi="--interface rsgi" \
         [--concurrency 16] [--mode stream|plain] [--duration 6] [--repeats 2] [--rate R] [--py-spy OUT_PREFIX]
 
-`--rate R` paces the requests (R per second over the C connections) so that every router
+`--tree NAME=DIR` runs router NAME from another source tree; `--together --rate R` loads
+all routers at the same time, each at R req/s, so that the machine's other load hits
+them alike (the fairest A/B on a shared machine). `--rate R` paces the requests (R per second over the C connections) so that every router
 runs at the same throughput: CPU per request then compares at equal batching, which a
 closed loop on a busy machine does not give.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -28,7 +31,8 @@ import tempfile
 from pathlib import Path
 
 from loadtest.loadgen import LoadGen, PhaseResult, chat_body, install_uvloop, summarize
-from loadtest.procs import Proc, start_router, start_simulator
+from loadtest.procs import HOST, Proc, free_ports, http, probe_chat, router_config, start_router, start_simulator, \
+    wait_until
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -118,18 +122,46 @@ async def measure(url: str, parent: int, a: argparse.Namespace, spy: str | None)
             "p99": cell["latency_ms"]["p99"], "errors": cell["errors"]}
 
 
+def start_tree_router(name: str, tree: str, args: str, logdir: Path, ports: list[int],
+                      procs: list[Proc]) -> tuple[Proc, str]:
+    """Our router from another source tree (e.g. an older commit's `git archive`): its
+    directory goes first on sys.path (spawned workers inherit it)."""
+    port, admin = free_ports(2)
+    cfg = logdir / f"{name}.yaml"
+    cfg.write_text(router_config("demo", ports))
+    boot = (f"import sys; sys.path.insert(0, {tree!r}); sys.argv[0] = 'kthena-router'; "
+            "from kthena_router.cli import main; sys.exit(main())")
+    cmd = [sys.executable, "-c", boot, "--config", str(cfg), "--host", HOST, "--port", str(port), "--admin-host",
+           HOST, "--admin-port", str(admin), "--workers", "1", "--log-level", "warning", *shlex.split(args)]
+    p = Proc(name, cmd, logdir)
+    procs.append(p)
+    url = f"http://{HOST}:{port}"
+    wait_until(lambda: http("GET", f"http://{HOST}:{admin}/readyz")[0] == 200, p, 60, "/readyz 200")
+    wait_until(lambda: probe_chat(url, "demo"), p, 60, "successful chat request")
+    return p, url
+
+
 async def main_async(a: argparse.Namespace) -> None:
     logdir = Path(tempfile.mkdtemp(prefix="kthena-prof-"))
     procs: list[Proc] = []
     try:
         _, ports, _ = start_simulator(a.engines, "demo", "", logdir, procs, 60)
         routers = {}
+        trees = dict(t.split("=", 1) for t in a.tree)
         for spec in a.router:
             name, _, args = spec.partition("=")
-            p, url = start_router(name, "demo", 1, args, logdir, ports, procs, 60)
+            if name in trees:
+                p, url = start_tree_router(name, trees[name], args, logdir, ports, procs)
+            else:
+                p, url = start_router(name, "demo", 1, args, logdir, ports, procs, 60)
             routers[name] = (p, url)
         results: dict[str, list[dict]] = {n: [] for n in routers}
         for rep in range(a.repeats):
+            if a.together:  # all routers loaded at once: foreign load hits them alike
+                cells = await asyncio.gather(*(measure(url, p.popen.pid, a, None) for p, url in routers.values()))
+                for name, cell in zip(routers, cells):
+                    results[name].append(cell)
+                continue
             for name, (p, url) in routers.items():
                 spy = f"{a.py_spy}-{name}-{rep}.txt" if a.py_spy and rep == a.repeats - 1 else None
                 results[name].append(await measure(url, p.popen.pid, a, spy))
@@ -161,6 +193,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--duration", type=float, default=6.0)
     p.add_argument("--rate", type=float, default=0.0, help="paced requests/s (default: closed loop)")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                   help="run router NAME from another source tree (e.g. `git archive` of an older commit)")
+    p.add_argument("--together", action="store_true",
+                   help="load all routers at the same time (use with --rate): equal conditions for each")
     p.add_argument("--py-spy", help="output prefix of py-spy raw samples (last repeat)")
     p.add_argument("--py-spy-bin", default=str(Path(sys.executable).parent / "py-spy"))
     a = p.parse_args(argv)
