@@ -131,3 +131,21 @@ def test_request_headers_refusal_in_the_same_pass() -> None:
     two = RequestHeaders.from_asgi([(b"content-type", b"application/json"), (b"content-type", b"text/plain")])
     assert two.refusal is not None and two.refusal.status == 400
     assert b"content-encoding: identity\r\n" in ok.upstream
+
+
+def test_request_headers_same_from_rsgi_pairs_and_asgi_bytes() -> None:
+    """granian's RSGI headers come as lower-case str pairs; ASGI's as bytes: one result."""
+    raw = [(b"content-type", b"application/json"), (b"cookie", b"a=1"), (b"Cookie", b"b=2"),
+           (b"x-request-id", b"rid-7"), (b"content-length", b"12"), (b"connection", b"x-hop"), (b"x-hop", b"1"),
+           (b"x-kept", b"v")]
+    a = RequestHeaders.from_asgi(raw)
+    r = RequestHeaders([(k.decode().lower(), v.decode()) for k, v in raw])
+    for h in (a, r):
+        assert h.upstream == (b"content-type: application/json\r\ncookie: a=1\r\ncookie: b=2\r\nx-kept: v\r\n"
+                              b"x-request-id: rid-7\r\naccept-encoding: identity\r\n")
+        assert h.content_length() == 12 and h.content_type == "application/json"
+        assert h.cookie_headers() == [(b"cookie", b"a=1"), (b"cookie", b"b=2")]
+        assert h.request_id == "rid-7" and h.refusal is None
+    with pytest.raises(RequestError) as err:
+        RequestHeaders([("content-length", "x")]).content_length()
+    assert err.value.status == 400
