@@ -161,8 +161,8 @@ class _Bridge:
             elif message["type"] == "http.response.body":
                 parts.append(message.get("body", b""))
                 if not message.get("more_body", False):
-                    head = start[0]
-                    headers = [(k, v) for k, v in head.get("headers", ()) if k.lower() != b"content-length"]
-                    proto.response_bytes(head["status"], str_headers(headers), b"".join(parts))
+                    head = start[0]  # its Content-Length stays: a HEAD answer's is the GET body's
+                    proto.response_bytes(head["status"], str_headers(list(head.get("headers", ()))),
+                                         b"".join(parts))
 
         return send
