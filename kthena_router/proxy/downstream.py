@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from kthena_router.errors import RequestError, error_body
-from kthena_router.proxy.body import ClientDisconnected, read_body
+from kthena_router.proxy.body import DRAIN_BYTES, ClientDisconnected, read_body
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -197,11 +197,13 @@ class RsgiDownstream(Downstream):
             watch.fire()
 
 
+def _too_large(limit: int) -> RequestError:
+    return RequestError(413, f"request body exceeds the limit of {limit} bytes")
+
+
 async def _read_limited(proto: Any, declared: int | None, limit: int) -> bytes:
     """Chunked (or oversized) body: read chunk by chunk, 413 past `limit` after draining
     up to DRAIN_BYTES more (as body.read_body does for ASGI)."""
-    from kthena_router.proxy.body import DRAIN_BYTES, _too_large
-
     parts: list[bytes] = []
     size = 0
     budget = limit + DRAIN_BYTES
