@@ -1,7 +1,8 @@
-"""create_app(): the worker's ASGI application (granian factory).
+"""create_app(): the worker's application (granian factory): an ASGI app that granian
+also serves through RSGI (serving.py).
 
-Hot paths (every POST /v1/* except /v1/models) go straight to the Forwarder, a raw ASGI
-callable; starlette serves the rest (lifespan, /v1/models, OpenAI-style 404s), where its
+Hot paths (every POST /v1/* except /v1/models) go straight to the Forwarder (ASGI or
+RSGI); starlette serves the rest (lifespan, /v1/models, OpenAI-style 404s), where its
 Request/Response objects cost nothing that matters.
 
 Per worker process: the config state, route table, endpoint health, round-robin
@@ -41,7 +42,7 @@ from kthena_router.endpoints.registry import EndpointRegistry
 from kthena_router.endpoints.selection import EndpointSelector
 from kthena_router.engine_state.kv_usage import KvUsagePublisher
 from kthena_router.engine_state.scraper import EngineStateScraper
-from kthena_router.errors import RequestError, error_body, error_response, send_error
+from kthena_router.errors import RequestError, error_body, error_response
 from kthena_router.fairness.config import FairnessSettings
 from kthena_router.fairness.gate import FairnessGate
 from kthena_router.fairness.metrics import FairnessMetrics
@@ -52,13 +53,14 @@ from kthena_router.metrics import RouterMetrics, ensure_multiprocess
 from kthena_router.pd.config import DEFAULT_PD
 from kthena_router.pd.pairing import PdPairer
 from kthena_router.podstate.link import PodStateLink, SharedScraper
-from kthena_router.proxy.forward import Forwarder, Receive, Scope, Send
+from kthena_router.proxy.forward import Forwarder
 from kthena_router.proxy.upstream import H1Pool, UpstreamPool
 from kthena_router.ratelimit.limiter import Limiter
 from kthena_router.ratelimit.metrics import RateLimitMetrics
 from kthena_router.router_config_reload import RouterConfigHolder, RouterConfigReloader
 from kthena_router.scheduling.config import load_router_configuration_bytes, load_router_configuration_file
 from kthena_router.session import SessionAffinity
+from kthena_router.serving import ALL_METHODS, RouterApp
 from kthena_router.settings import RouterSettings
 from kthena_router.state import RouterState, StateHolder
 
@@ -76,11 +78,6 @@ def pool_pruner(h1: Callable[[], H1Pool],
         h1().retain({(ep.ip, ep.port) for ep in EndpointRegistry.unique(state.targets)} | external())
 
     return prune
-
-
-# Every method reaches our handlers, so that wrong ones get OpenAI-style JSON, not starlette's text.
-_ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"]
-_KNOWN_METHODS = frozenset(_ALL_METHODS)
 
 
 async def _models(request: Request) -> Response:
@@ -104,7 +101,7 @@ async def _not_found(request: Request) -> Response:
     return error_response(404, f"no such endpoint: {request.method} {request.url.path}")
 
 
-def create_app(settings: RouterSettings | None = None) -> Any:
+def create_app(settings: RouterSettings | None = None) -> RouterApp:
     """granian factory: settings from the environment (at call time) unless given."""
     if settings is None:
         settings = RouterSettings.from_env()
@@ -286,32 +283,12 @@ def create_app(settings: RouterSettings | None = None) -> Any:
                 await access_log.close()
 
     starlette = Starlette(
-        routes=[Route("/v1/models", _models, methods=_ALL_METHODS),
-                Route("/{path:path}", _not_found, methods=_ALL_METHODS)],
+        routes=[Route("/v1/models", _models, methods=ALL_METHODS),
+                Route("/{path:path}", _not_found, methods=ALL_METHODS)],
         lifespan=lifespan,
     )
     starlette.state.holder = holder
     starlette.state.forwarder = forwarder
     starlette.state.router_config = router_config  # RouterConfigHolder: read .current per request
 
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            path = scope["path"]
-            if path.startswith("/v1/") and path != "/v1/models":
-                await forwarder(scope, receive, send)
-                return
-            # starlette would answer these in plain text (or redirect a target such as "PUT")
-            if scope["method"] not in _KNOWN_METHODS:
-                await send_error(send, RequestError(405 if path == "/v1/models" else 404,
-                                                    f"method {scope['method']} is not allowed on {path}"))
-                return
-            if not path.startswith("/"):  # "*" (OPTIONS *) or a bare word
-                await send_error(send, RequestError(404, f"no such endpoint: {scope['method']} {path}"))
-                return
-        await starlette(scope, receive, send)
-
-    app.forwarder = forwarder  # type: ignore[attr-defined]  # for in-process tests
-    app.router_config_reloader = reloader  # type: ignore[attr-defined]  # .scheduler: the live one
-    app.router_config = router_config  # type: ignore[attr-defined]
-    app.identity = identity  # type: ignore[attr-defined]
-    return app
+    return RouterApp(starlette, forwarder, reloader, router_config, identity)

@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--admin-port", type=int, default=d.admin_port,
                    help="admin server port (/healthz, /readyz, /metrics, /admin/reload)")
     p.add_argument("--workers", type=int, default=d.workers, help="granian worker processes")
+    p.add_argument("--interface", choices=["rsgi", "asgi"], default=d.interface,
+                   help="granian interface of the workers: rsgi (default, less CPU per request) or asgi")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
                    help="larger request bodies get 413")
     p.add_argument("--drain-grace-s", "--drain-grace", dest="drain_grace_s", type=float,
@@ -112,6 +114,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         admin_host=args.admin_host,
         admin_port=args.admin_port,
         workers=args.workers,
+        interface=args.interface,
         max_body_bytes=args.max_body_bytes,
         drain_grace_s=args.drain_grace_s,
         log_level=args.log_level,

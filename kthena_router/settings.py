@@ -50,6 +50,9 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Admin server port (Kthena's router uses 15000 for its debug/admin port)."""
     workers: int = 1
     """Number of granian worker processes."""
+    interface: str = "rsgi"
+    """granian interface of the workers: rsgi (granian's native protocol, less CPU per
+    request) or asgi (the same app through granian's ASGI bridge); docs/overhead.md."""
     max_body_bytes: int = 32 * 1024 * 1024
     """Request bodies above this size are refused with 413."""
     drain_grace_s: float = 30.0
@@ -174,6 +177,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise SettingsError(f"{name} must be in 1..65535, got {value}")
         if self.workers < 1:
             raise SettingsError(f"workers must be >= 1, got {self.workers}")
+        if self.interface not in ("rsgi", "asgi"):
+            raise SettingsError(f"interface must be rsgi or asgi, got {self.interface!r}")
         if self.upstream_pool_size < 1:
             raise SettingsError(f"upstream_pool_size must be >= 1, got {self.upstream_pool_size}")
         if self.max_body_bytes < 1:

@@ -220,7 +220,7 @@ class Supervisor:
             settings.app_factory,
             address=settings.host,
             port=settings.port,
-            interface=Interfaces.ASGI,
+            interface=Interfaces.RSGI if settings.interface == "rsgi" else Interfaces.ASGI,
             workers=settings.workers,
             loop=Loops.uvloop,
             http=HTTPModes.http1,

@@ -274,6 +274,4 @@ async def _answer(x: Exchange, out: PrefillOutcome) -> None:
     x.commit(out.status)
     x.error_type = "upstream_4xx"
     x.last_send()
-    await x.send({"type": "http.response.start", "status": out.status,
-                  "headers": x.start_headers(resp, len(out.reply))})
-    await x.send({"type": "http.response.body", "body": out.reply, "more_body": False})
+    await x.down.respond(out.status, x.start_headers(resp), out.reply)

@@ -29,16 +29,6 @@ class ClientDisconnected(Exception):
     """The client went away while we were reading its body."""
 
 
-def content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    for k, v in headers:
-        if k == b"content-length":
-            try:
-                return int(v)
-            except ValueError:
-                raise RequestError(400, "invalid Content-Length header", param=None) from None
-    return None
-
-
 # Bytes past the limit read and dropped before the 413 goes out. Closing a connection with
 # unread input sends a TCP reset, which can destroy the 413 before a client still sending
 # reads it; draining lets the reply through and keeps the connection usable. Longer bodies

@@ -45,7 +45,8 @@ from kthena_router.metrics import RouterMetrics
 from kthena_router.proxy.body import ParsedBody, needs_usage_injection, rewrite
 from kthena_router.proxy.executor import Executor
 from kthena_router.proxy.paths import request_line
-from kthena_router.proxy.relay import Exchange, Message, Send
+from kthena_router.proxy.downstream import Downstream, Watch
+from kthena_router.proxy.relay import Exchange
 from kthena_router.proxy.sse import StreamEnd
 from kthena_router.proxy.upstream import UpstreamPool
 from kthena_router.routing.table import ExternalMatch
@@ -119,23 +120,40 @@ class _Target:
         return self.timeouts
 
 
-class _Redacting:
-    """x.send for a provider with a credential: the key never reaches the client, even if
+class _Redacting(Downstream):
+    """x.down for a provider with a credential: the key never reaches the client, even if
     the provider echoes it in an error body."""
 
-    __slots__ = ("send", "secret")
+    __slots__ = ("inner", "secret")
 
-    def __init__(self, send: Send, secret: bytes) -> None:
-        self.send = send
+    def __init__(self, inner: Downstream, secret: bytes) -> None:
+        super().__init__()
+        self.inner = inner
         self.secret = secret
 
-    async def __call__(self, message: Message) -> None:
-        body = message.get("body")
+    def _clean(self, body: bytes) -> bytes:
         if body and self.secret in body:
-            message = {**message, "body": body.replace(self.secret, b"[redacted]")}
-            if message["type"] == "http.response.body":
-                log.warning("an external provider echoed the router's credential; redacted")
-        await self.send(message)
+            log.warning("an external provider echoed the router's credential; redacted")
+            return body.replace(self.secret, b"[redacted]")
+        return body
+
+    async def read_body(self, declared: int | None, limit: int) -> bytes:
+        return await self.inner.read_body(declared, limit)
+
+    def arm(self) -> Watch:
+        return self.inner.arm()
+
+    async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        await self.inner.respond(status, headers, self._clean(body))
+
+    async def begin(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        await self.inner.begin(status, headers)
+
+    async def send(self, data: bytes) -> None:
+        await self.inner.send(self._clean(data))
+
+    async def end(self, data: bytes = b"") -> None:
+        await self.inner.end(self._clean(data))
 
 
 class ExternalDispatcher(Executor):
@@ -183,7 +201,7 @@ class ExternalDispatcher(Executor):
         tail = b"".join(lines) + target.fixed + b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n"
         head = request_line("POST", path, query)
         if target.redact:
-            x.send = _Redacting(x.send, target.redact)
+            x.down = _Redacting(x.down, target.redact)
         t = x.timeouts = target.timeouts_for(traffic, ps)
         x.max_buffered = traffic.defaults.max_buffered_response_bytes
         loop = asyncio.get_running_loop()

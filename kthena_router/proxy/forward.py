@@ -7,9 +7,9 @@ allow-list (paths.py), headers forwarded upstream and returned to the client
 API response (by_id.py), the mapping of every failure to an OpenAI-style error, and the
 access-log line.
 
-Client disconnect: granian does not raise from send() when the client is gone; its
-receive() returns http.disconnect instead (also while the request waits). A pending
-receive() watches for it and cancels the request task, which closes the upstream
+The client side is a `Downstream` (downstream.py: ASGI or granian's RSGI), so nothing
+past this module knows the server interface. Client disconnect: a watch armed before any
+wait cancels the request task when the client goes, which closes the upstream
 connection (the engine sees the disconnect and aborts).
 """
 
@@ -29,7 +29,7 @@ from kthena_router.access_log import AccessLog, AccessRecord
 from kthena_router.endpoints.balancer import Balancer
 from kthena_router.endpoints.health import HealthProber
 from kthena_router.endpoints.registry import EndpointState
-from kthena_router.errors import RequestError, send_error
+from kthena_router.errors import RequestError
 from kthena_router.fairness.gate import FairnessGate
 from kthena_router.identity.authenticate import Authenticator
 from kthena_router.identity.model import ANONYMOUS, Identity
@@ -40,13 +40,14 @@ from kthena_router.pd.dispatch import PdDispatcher
 from kthena_router.pd.metrics import PdMetrics
 from kthena_router.pd.pairing import PdPairer
 from kthena_router.pd.topology import PdTopology
-from kthena_router.proxy.body import CHAT_PATH, COMPLETIONS_PATH, ClientDisconnected, content_length, \
-    needs_usage_injection, parse_body, read_body, rewrite
+from kthena_router.proxy.body import CHAT_PATH, COMPLETIONS_PATH, ClientDisconnected, needs_usage_injection, \
+    parse_body, rewrite
 from kthena_router.proxy.by_id import pinned_endpoint, stored_at
 from kthena_router.proxy.executor import Executor
 from kthena_router.proxy.external import ExternalDispatcher
 from kthena_router.proxy.headers import RequestHeaders, response_headers
 from kthena_router.proxy.paths import RESPONSES_PATH, ApiPath, request_line, resolve
+from kthena_router.proxy.downstream import AsgiDownstream, Downstream, RsgiDownstream, Watch
 from kthena_router.proxy.relay import Exchange, Message, Receive, Scope, Send
 from kthena_router.proxy.response_ids import ResponseIds, StoredAt
 from kthena_router.proxy.sse import StreamEnd
@@ -64,44 +65,6 @@ log = logging.getLogger(__name__)
 __all__ = ["Forwarder", "Message", "Receive", "Scope", "Send"]
 
 _OTHER_LABEL = "/v1/other"  # "path" metric label of refused paths
-
-
-class _Disconnect:
-    """Watches receive() for http.disconnect and cancels the request task."""
-
-    __slots__ = ("task", "fut", "fired", "finished")
-
-    def __init__(self, receive: Receive) -> None:
-        self.task = asyncio.current_task()
-        self.fired = False
-        self.finished = False
-        self.fut: asyncio.Future[Message] | None = asyncio.ensure_future(receive())
-        self.fut.add_done_callback(self._done)
-
-    def _done(self, fut: asyncio.Future[Message]) -> None:
-        if self.finished or fut.cancelled():
-            return
-        exc = fut.exception()
-        if exc is None and fut.result().get("type") != "http.disconnect":
-            return
-        self.fired = True
-        if self.task is not None:
-            self.task.cancel()
-
-    def close(self) -> None:
-        self.finished = True
-        fut = self.fut
-        if fut is None:
-            return
-        if not fut.done():
-            fut.cancel()
-        # granian's receive() awaitable keeps its done callback after it completes or is
-        # cancelled, and the GC cannot see references held by that native object: the
-        # cycle awaitable -> self._done -> self -> awaitable would keep this watcher, the
-        # request task and its frames alive for ever. Break it from both sides.
-        fut.remove_done_callback(self._done)
-        self.fut = None
-        self.task = None
 
 
 class Forwarder:
@@ -137,6 +100,17 @@ class Forwarder:
         self.idle.set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI."""
+        await self.serve(scope["method"], scope["path"], scope.get("query_string", b""),
+                         RequestHeaders.from_asgi(scope["headers"]), AsgiDownstream(receive, send))
+
+    async def rsgi(self, scope: Any, proto: Any) -> None:
+        """granian RSGI (scope.query_string is str there)."""
+        query = scope.query_string
+        await self.serve(scope.method, scope.path, query.encode("latin-1") if query else b"",
+                         RequestHeaders(scope.headers.items()), RsgiDownstream(proto))
+
+    async def serve(self, method: str, path: str, query: bytes, hdrs: RequestHeaders, down: Downstream) -> None:
         t0 = time.perf_counter()
         state = self.holder.current
         if state is not None:
@@ -147,20 +121,20 @@ class Forwarder:
             if fq is not None:
                 busy -= fq.waiters
             if admission.max_in_flight_per_worker and busy >= admission.max_in_flight_per_worker:
-                await self._shed(scope, send, admission, t0)
+                await self._shed(path, down, admission, t0)
                 return
         self.in_flight += 1
         self.idle.clear()
-        req = _Request(self, scope, t0, send)
+        req = _Request(self, method, path, query, hdrs, t0, down)
         try:
-            await req.run(receive, send)
+            await req.run()
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self.idle.set()
 
 
-    async def _shed(self, scope: Scope, send: Send, admission: Admission, t0: float) -> None:
+    async def _shed(self, path: str, down: Downstream, admission: Admission, t0: float) -> None:
         """Over the admission limit: 503 + Retry-After before reading the body, so that
         memory does not grow with the queue."""
         retry_after = str(max(1, math.ceil(admission.retry_after_s))).encode()
@@ -168,41 +142,40 @@ class Forwarder:
                                 f"worker, limit {admission.max_in_flight_per_worker}); retry after "
                                 f"{retry_after.decode()}s", code="overloaded")
         with contextlib.suppress(Exception):
-            await send_error(send, err, [(b"retry-after", retry_after)])
-        self.metrics.observe_request("", _path_label(scope["path"]), 503, "overloaded", "", "", "",
+            await down.error(err, [(b"retry-after", retry_after)])
+        self.metrics.observe_request("", _path_label(path), 503, "overloaded", "", "", "",
                                      time.perf_counter() - t0)
 
 
 class _Request(Exchange):
     """State of one request; methods are the steps of Forwarder's hot path."""
 
-    __slots__ = ("fw", "scope", "fwd_headers", "header_map", "response_headers", "watch", "api", "identity",
-                 "pin")
+    __slots__ = ("fw", "method", "query", "hdrs", "fwd_headers", "header_map", "response_headers", "watch", "api",
+                 "identity", "pin")
 
-    def __init__(self, fw: Forwarder, scope: Scope, t0: float, send: Send) -> None:
-        path: str = scope["path"]
+    def __init__(self, fw: Forwarder, method: str, path: str, query: bytes, hdrs: RequestHeaders, t0: float,
+                 down: Downstream) -> None:
         super().__init__(fw.metrics, t0, path, _OTHER_LABEL)
-        self.send = send
+        self.down = down
         self.fw = fw
-        self.scope = scope
-        self.fwd_headers = b""  # forwarded header lines, CRLF-terminated, x-request-id last
-        self.header_map: dict[str, str] = {}
-        self.response_headers: list[tuple[bytes, bytes]] = []
-        self.watch: _Disconnect | None = None
+        self.method = method
+        self.query = query
+        self.hdrs = hdrs
+        self.header_map = hdrs.by_name
+        self.request_id = hdrs.request_id
+        self.fwd_headers = hdrs.upstream  # forwarded header lines, CRLF-terminated, x-request-id last
+        self.response_headers: list[tuple[bytes, bytes]] = [(b"x-request-id", self.request_id.encode("latin-1"))]
+        self.watch: Watch | None = None
         self.api: ApiPath | None = None
         self.identity: Identity = ANONYMOUS
         self.pin: Pin | None = None  # session stickiness (kthena_router.session)
 
     # --- entry ----------------------------------------------------------------------
 
-    async def run(self, receive: Receive, send: Send) -> None:
-        raw_headers: list[tuple[bytes, bytes]] = self.scope["headers"]
-        hdrs = RequestHeaders(raw_headers)
-        self.header_map = hdrs.by_name
-        self.request_id = hdrs.request_id
-        self.fwd_headers = hdrs.upstream
-        self.response_headers = [(b"x-request-id", self.request_id.encode("latin-1"))]
-        watch: _Disconnect | None = None
+    async def run(self) -> None:
+        hdrs = self.hdrs
+        down = self.down
+        watch: Watch | None = None
         downstream = None
         try:
             try:
@@ -210,13 +183,13 @@ class _Request(Exchange):
                     self.identity = await self.fw.auth.authenticate(self.header_map)
                 if hdrs.refusal is not None:
                     raise hdrs.refusal
-                api = self.api = resolve(self.scope["method"], self.path)
+                api = self.api = resolve(self.method, self.path)
                 self.path_label = api.label
                 self.stream_end = api.stream_end
-                if self.header_map.get("content-type", "").startswith("multipart/"):
+                if hdrs.content_type.startswith("multipart/"):
                     raise RequestError(415, f"{self.path} takes a JSON body (application/json), "
                                             "not multipart/form-data")
-                raw = await read_body(receive, content_length(raw_headers), self.fw.settings.max_body_bytes)
+                raw = await down.read_body(hdrs.content_length(), self.fw.settings.max_body_bytes)
                 state = self.fw.holder.current
                 if state is None:
                     raise RequestError(503, "router has no configuration loaded yet")
@@ -231,7 +204,7 @@ class _Request(Exchange):
                 downstream = self.fw.metrics.downstream(body.model)
                 downstream.inc()
                 # Armed before any wait (hold, Redis): a client that leaves while we wait cancels us.
-                watch = self.watch = _Disconnect(receive)
+                watch = self.watch = down.arm()
                 # no endpoint at all: scaled to zero? (a stored response went with its engine: no wait)
                 if not targets and not external and not api.response_id:
                     state, match = await self._hold_for_zero(state, api, body, match)
@@ -244,11 +217,11 @@ class _Request(Exchange):
                 # After admission: a refused request costs no session-store round trip.
                 if pinned is None and not external and (sticky := self.fw.sticky.for_route(match.route)) is not None:
                     self.pin = await self.fw.sticky.lookup(
-                        match.route, self.header_map, raw_headers, self.scope.get("query_string", b""),
+                        match.route, self.header_map, hdrs.cookie_headers(), self.query,
                         self.identity.claims, targets, sticky)
                 if type(match) is ExternalMatch:
                     await self.fw.external.run(self, body, match, state.traffic, self.header_map,
-                                               self.scope.get("query_string", b""))
+                                               self.query)
                 else:
                     await self._forward(body, match, targets, pinned, state.traffic_of(match.server.key),
                                         state.pd.get(match.server.key) if state.pd else None)
@@ -257,7 +230,7 @@ class _Request(Exchange):
                 self.error_type = err.type
                 if not self.committed:
                     self.last_send()
-                    await send_error(send, err, self.response_headers)
+                    await down.error(err, self.response_headers)
         except ClientDisconnected:
             # While reading the body. granian reports invalid chunk framing the same way as a
             # client that left: answer 400 (if the client is gone, the send is a no-op), so
@@ -266,7 +239,7 @@ class _Request(Exchange):
             if not self.committed:
                 self.last_send()
                 with contextlib.suppress(Exception):
-                    await send_error(send, RequestError(400, "request body incomplete or malformed "
+                    await down.error(RequestError(400, "request body incomplete or malformed "
                                                              "(invalid chunked framing or connection closed)"),
                                      self.response_headers)
         except asyncio.CancelledError:
@@ -281,7 +254,7 @@ class _Request(Exchange):
             self.status, self.error_type = 500, "internal_error"
             if not self.committed:
                 try:
-                    await send_error(send, RequestError(500, "internal router error"), self.response_headers)
+                    await down.error(RequestError(500, "internal router error"), self.response_headers)
                 except Exception:
                     pass
         finally:
@@ -331,7 +304,7 @@ class _Request(Exchange):
 
     def last_send(self) -> None:
         """From here on the response completes; a disconnect seen now must not cancel us
-        (granian's receive() also reports http.disconnect once the response is done)."""
+        (granian's ASGI receive() also reports http.disconnect once the response is done)."""
         if self.watch is not None:
             self.watch.finished = True
 
@@ -351,7 +324,7 @@ class _Request(Exchange):
         assert self.fw.access_log is not None
         ttft = self.ttft
         self.fw.access_log.write(AccessRecord(
-            self.request_id, self.scope["method"], self.path_label, stream=self.stream, route=self.route_label,
+            self.request_id, self.method, self.path_label, stream=self.stream, route=self.route_label,
             server=self.server_label, model=self.model_label, endpoint=self.endpoint_label, status=self.status,
             error_type=self.error_type, attempts=self.attempts,
             ttft_ms=None if ttft is None else round(ttft * 1000, 3), duration_ms=round(duration * 1000, 3),
@@ -382,7 +355,7 @@ class _Request(Exchange):
         if server.upstream_headers:
             headers += b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in server.upstream_headers.items())
         # request line and headers except Host (per endpoint), then the body's length
-        head = request_line(self.scope["method"], self.path, self.scope.get("query_string", b""))
+        head = request_line(self.method, self.path, self.query)
         preferred = None if self.pin is None else self.pin.preferred
         if two_hop:
             assert topo is not None
@@ -424,12 +397,10 @@ class _Request(Exchange):
                                code="pd_unsupported_api")
         return False
 
-    def start_headers(self, resp: Response, body_len: int | None) -> list[tuple[bytes, bytes]]:
+    def start_headers(self, resp: Response) -> list[tuple[bytes, bytes]]:
         if self.pin is not None and resp.status < 400:  # the endpoint that answers, after any retry
             self.fw.sticky.record(self.pin, self.endpoint_label)
         out = response_headers(resp.raw_headers)
-        if body_len is not None:
-            out.append((b"content-length", str(body_len).encode()))
         out.extend(self.response_headers)
         return out
 

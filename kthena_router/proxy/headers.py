@@ -12,6 +12,7 @@ goes into logs); otherwise a generated one replaces it.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from kthena_router.errors import RequestError
 
@@ -34,29 +35,41 @@ def connection_named(value: str) -> set[str]:
 
 class RequestHeaders:
     """The client's headers, in one pass: all of them by name (route matching), the upstream
-    lines, and `refusal`, the error for headers the router cannot honour: a compressed body
-    (the body is parsed and forwarded as plain JSON, so the engine would try to decompress
-    plain bytes) and an ambiguous Content-Type (engines refuse it in their own format)."""
+    lines, the few the proxy reads itself (Content-Length, Content-Type, cookies), and
+    `refusal`, the error for headers the router cannot honour: a compressed body (the body
+    is parsed and forwarded as plain JSON, so the engine would try to decompress plain
+    bytes) and an ambiguous Content-Type (engines refuse it in their own format).
 
-    __slots__ = ("by_name", "upstream", "request_id", "refusal")
+    Takes (lower-case name, value) str pairs: granian's RSGI headers as they are; ASGI's
+    byte pairs through `from_asgi`."""
 
-    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+    __slots__ = ("by_name", "upstream", "request_id", "refusal", "content_type", "_length", "_cookies")
+
+    @classmethod
+    def from_asgi(cls, raw: list[tuple[bytes, bytes]]) -> RequestHeaders:
+        return cls([(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in raw])
+
+    def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
         by_name: dict[str, str] = {}
-        kept: list[tuple[str, bytes]] = []
+        kept: list[tuple[str, str]] = []
         ctypes = 0
-        encoded = b""
-        for k, v in raw:
-            name = k.decode("latin-1").lower()
-            by_name[name] = v.decode("latin-1")
+        encoded = ""
+        cookies: list[str] | None = None
+        for name, v in pairs:
+            by_name[name] = v
             if name not in _DROP_REQUEST:
-                kept.append((name, name.encode("latin-1") + b": " + v + b"\r\n"))
+                kept.append((name, v))
                 if name == "content-type":
                     ctypes += 1
-                elif name == "content-encoding" and v.strip().lower() not in (b"", b"identity"):
+                elif name == "cookie":
+                    if cookies is None:
+                        cookies = []
+                    cookies.append(v)
+                elif name == "content-encoding" and v.strip().lower() not in ("", "identity"):
                     encoded = v
         self.refusal: RequestError | None = None
         if encoded:
-            self.refusal = RequestError(415, f"Content-Encoding {encoded.decode('latin-1')!r} is not "
+            self.refusal = RequestError(415, f"Content-Encoding {encoded!r} is not "
                                              "supported: send the request body uncompressed")
         elif ctypes > 1:
             self.refusal = RequestError(400, "more than one Content-Type header")
@@ -69,11 +82,24 @@ class RequestHeaders:
             rid = os.urandom(16).hex()
         self.by_name = by_name
         self.request_id = rid
-        # x-request-id last (tests and engines look for it there), then identity
-        lines = [line for _, line in kept]
-        lines.append(b"x-request-id: " + rid.encode("latin-1") + b"\r\n")
-        lines.append(_IDENTITY)
-        self.upstream = b"".join(lines)
+        self.content_type = by_name.get("content-type", "")
+        self._length = by_name.get("content-length")
+        self._cookies = cookies
+        # one encode for all lines; x-request-id last (tests and engines look for it there), then identity
+        kept.append(("x-request-id", rid))
+        self.upstream = "".join([f"{k}: {v}\r\n" for k, v in kept]).encode("latin-1") + _IDENTITY
+
+    def content_length(self) -> int | None:
+        if self._length is None:
+            return None
+        try:
+            return int(self._length)
+        except ValueError:
+            raise RequestError(400, "invalid Content-Length header", param=None) from None
+
+    def cookie_headers(self) -> list[tuple[bytes, bytes]]:
+        """The Cookie headers, as raw pairs (session keys read cookies from these)."""
+        return [(b"cookie", c.encode("latin-1")) for c in self._cookies or ()]
 
 
 def response_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kthena_router.config.traffic import ServerTraffic, Timeouts
 from kthena_router.endpoints.health import Failure
+from kthena_router.proxy.downstream import Downstream
 from kthena_router.proxy.sse import StreamEnd
 
 if TYPE_CHECKING:
@@ -80,14 +81,14 @@ class Exchange:
     forward.py's request object derives from it and fills in the routing labels and
     `start_headers` (response header filtering lives there)."""
 
-    __slots__ = ("send", "metrics", "t0", "path", "path_label", "request_id", "model_label", "route_label",
+    __slots__ = ("down", "metrics", "t0", "path", "path_label", "request_id", "model_label", "route_label",
                  "server_label", "endpoint_label", "status", "error_type", "committed", "stream", "inject",
                  "timeouts", "deadline", "first_token_at", "max_buffered", "att_t0", "att_ttft", "att_tpot",
                  "att_prompt_tokens", "stream_end", "attempts", "ttft", "completion_tokens", "response_id", "rl",
                  "input_endpoint")
 
     def __init__(self, metrics: RouterMetrics, t0: float, path: str, path_label: str) -> None:
-        self.send: Send = _no_send
+        self.down: Downstream = _NO_DOWNSTREAM  # the client side (downstream.py)
         self.metrics = metrics
         self.t0 = t0
         self.path = path
@@ -120,8 +121,9 @@ class Exchange:
         # where the prompt was computed when not at endpoint_label (a PD pair's prefill), else ""
         self.input_endpoint = ""
 
-    def start_headers(self, resp: Response, body_len: int | None) -> list[tuple[bytes, bytes]]:
-        """Response headers for the client: the upstream's, filtered, plus ours."""
+    def start_headers(self, resp: Response) -> list[tuple[bytes, bytes]]:
+        """Response headers for the client: the upstream's, filtered, plus ours (the
+        Downstream adds Content-Length to a complete response)."""
         raise NotImplementedError
 
     def last_send(self) -> None:
@@ -143,8 +145,7 @@ class Relay(Protocol):
         ...
 
 
-async def _no_send(message: Message) -> None:
-    raise RuntimeError("Exchange.send used before it was set")
+_NO_DOWNSTREAM = Downstream()  # every method raises NotImplementedError until set
 
 
 def int_or_none(value: object) -> int | None:

@@ -61,9 +61,7 @@ class JsonRelay:
         if status >= 400:
             x.error_type = "upstream_4xx"
         x.last_send()
-        await x.send({"type": "http.response.start", "status": status,
-                      "headers": x.start_headers(resp, len(data))})
-        await x.send({"type": "http.response.body", "body": data, "more_body": False})
+        await x.down.respond(status, x.start_headers(resp), data)
         x.ttft = time.perf_counter() - x.t0
         if status == 200:
             metrics = x.metrics

@@ -53,22 +53,22 @@ class SseStreamRelay:
             return AttemptFailure(Failure.DIED, "upstream stream broke before the first event")
         if self.error_first_fails and (reason := first_event_error(first)) is not None:
             return AttemptFailure(Failure.HTTP_5XX, f"the stream began with an error event ({reason})")
-        send = x.send
+        down = x.down
         resp.set_timeouts(t.idle_s, x.deadline)
         x.commit(200)
-        await send({"type": "http.response.start", "status": 200, "headers": x.start_headers(resp, None)})
+        await down.begin(200, x.start_headers(resp))
         t_first = time.perf_counter()
         x.att_ttft = t_first - x.att_t0
         x.ttft = t_first - x.t0
         # When the engine's body has ended with its terminator in the bytes at hand, the data goes
-        # out as the final body message (one ASGI send less per request).
+        # out as the final body message (one send less per request).
         ended = resp.done and relay.ended
         rl = x.rl
         if rl is not None:
             rl.streamed(first)
         if relay.ended:
             x.last_send()
-        await send({"type": "http.response.body", "body": first, "more_body": not ended})
+        await (down.end(first) if ended else down.send(first))
         t_last = t_first
         failure: Failure | None = None
         detail = ""
@@ -87,7 +87,7 @@ class SseStreamRelay:
                             # is a completed request, not a cancellation.
                             x.last_send()
                             ended = resp.done
-                        await send({"type": "http.response.body", "body": out, "more_body": not ended})
+                        await (down.end(out) if ended else down.send(out))
                         t_last = time.perf_counter()
                         if ended:
                             break
@@ -105,14 +105,13 @@ class SseStreamRelay:
             x.status, x.error_type = 502, "upstream_error_after_first_byte"
             x.last_send()
             msg = f"upstream failed during the stream ({detail or failure.value}); the response is incomplete"
-            await send({"type": "http.response.body", "more_body": False,
-                        "body": messages_error_event(msg) if x.stream_end is StreamEnd.MESSAGES
-                        else sse_error_event(msg)})
+            await down.end(messages_error_event(msg) if x.stream_end is StreamEnd.MESSAGES
+                           else sse_error_event(msg))
         else:
             x.response_id = relay.response_id
             if not ended:
                 x.last_send()
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await down.end()
         metrics = x.metrics
         metrics.observe_ttft(x.model_label, x.path_label, t_first - x.t0)
         usage = relay.usage

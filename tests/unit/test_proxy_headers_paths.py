@@ -21,7 +21,7 @@ def _lines(upstream: bytes) -> list[str]:
 
 
 def test_request_headers_drop_hop_by_hop_and_connection_named() -> None:
-    h = RequestHeaders([(b"Connection", b"keep-alive, X-Secret-Hop"), (b"x-secret-hop", b"1"),
+    h = RequestHeaders.from_asgi([(b"Connection", b"keep-alive, X-Secret-Hop"), (b"x-secret-hop", b"1"),
                         (b"keep-alive", b"timeout=5"), (b"TE", b"trailers"), (b"authorization", b"Bearer k"),
                         (b"X-Api-Key", b"sk"), (b"accept-encoding", b"gzip, br"), (b"x-kept", b"yes"),
                         (b"host", b"router"), (b"content-length", b"10")])
@@ -33,10 +33,10 @@ def test_request_headers_drop_hop_by_hop_and_connection_named() -> None:
 
 
 def test_request_id_kept_or_generated() -> None:
-    assert RequestHeaders([(b"x-request-id", b"abc-1")]).request_id == "abc-1"
-    generated = RequestHeaders([]).request_id
-    assert len(generated) == 32 and generated != RequestHeaders([]).request_id
-    assert RequestHeaders([(b"x-request-id", b"x" * 500)]).request_id != "x" * 500
+    assert RequestHeaders.from_asgi([(b"x-request-id", b"abc-1")]).request_id == "abc-1"
+    generated = RequestHeaders.from_asgi([]).request_id
+    assert len(generated) == 32 and generated != RequestHeaders.from_asgi([]).request_id
+    assert RequestHeaders.from_asgi([(b"x-request-id", b"x" * 500)]).request_id != "x" * 500
 
 
 def test_response_headers_filtered() -> None:
@@ -124,10 +124,28 @@ def test_access_log_buffers_and_flushes(tmp_path: Path) -> None:
 
 
 def test_request_headers_refusal_in_the_same_pass() -> None:
-    ok = RequestHeaders([(b"content-type", b"application/json"), (b"content-encoding", b"identity")])
+    ok = RequestHeaders.from_asgi([(b"content-type", b"application/json"), (b"content-encoding", b"identity")])
     assert ok.refusal is None
-    gz = RequestHeaders([(b"content-encoding", b"identity"), (b"content-encoding", b"gzip")])
+    gz = RequestHeaders.from_asgi([(b"content-encoding", b"identity"), (b"content-encoding", b"gzip")])
     assert gz.refusal is not None and gz.refusal.status == 415 and "gzip" in gz.refusal.message
-    two = RequestHeaders([(b"content-type", b"application/json"), (b"content-type", b"text/plain")])
+    two = RequestHeaders.from_asgi([(b"content-type", b"application/json"), (b"content-type", b"text/plain")])
     assert two.refusal is not None and two.refusal.status == 400
     assert b"content-encoding: identity\r\n" in ok.upstream
+
+
+def test_request_headers_same_from_rsgi_pairs_and_asgi_bytes() -> None:
+    """granian's RSGI headers come as lower-case str pairs; ASGI's as bytes: one result."""
+    raw = [(b"content-type", b"application/json"), (b"cookie", b"a=1"), (b"Cookie", b"b=2"),
+           (b"x-request-id", b"rid-7"), (b"content-length", b"12"), (b"connection", b"x-hop"), (b"x-hop", b"1"),
+           (b"x-kept", b"v")]
+    a = RequestHeaders.from_asgi(raw)
+    r = RequestHeaders([(k.decode().lower(), v.decode()) for k, v in raw])
+    for h in (a, r):
+        assert h.upstream == (b"content-type: application/json\r\ncookie: a=1\r\ncookie: b=2\r\nx-kept: v\r\n"
+                              b"x-request-id: rid-7\r\naccept-encoding: identity\r\n")
+        assert h.content_length() == 12 and h.content_type == "application/json"
+        assert h.cookie_headers() == [(b"cookie", b"a=1"), (b"cookie", b"b=2")]
+        assert h.request_id == "rid-7" and h.refusal is None
+    with pytest.raises(RequestError) as err:
+        RequestHeaders([("content-length", "x")]).content_length()
+    assert err.value.status == 400

@@ -11,6 +11,7 @@ from test_proxy_upstream import Server, _request
 from kthena_router.config.traffic import Timeouts
 from kthena_router.endpoints.health import Failure
 from kthena_router.metrics import RouterMetrics
+from kthena_router.proxy.downstream import AsgiDownstream
 from kthena_router.proxy.relay import Exchange
 from kthena_router.proxy.relay_json import JsonRelay
 from kthena_router.proxy.relay_sse import SseStreamRelay
@@ -25,7 +26,7 @@ class _X(Exchange):
     def __init__(self, timeouts: Timeouts) -> None:
         super().__init__(RouterMetrics(CollectorRegistry()), 0.0, "/v1/chat/completions", "/v1/chat/completions")
         self.sent: list[dict[str, Any]] = []
-        self.send = self._send
+        self.down = AsgiDownstream(_never, self._send)
         self.stream = True
         self.timeouts = timeouts
         loop = asyncio.get_running_loop()
@@ -37,8 +38,13 @@ class _X(Exchange):
     async def _send(self, message: dict[str, Any]) -> None:
         self.sent.append(message)
 
-    def start_headers(self, resp: Any, body_len: int | None) -> list[tuple[bytes, bytes]]:
+    def start_headers(self, resp: Any) -> list[tuple[bytes, bytes]]:
         return []
+
+
+async def _never() -> dict[str, Any]:
+    await asyncio.Event().wait()
+    return {}
 
 
 def _chunk(data: bytes) -> bytes:
