@@ -19,6 +19,9 @@ from kthena_router.proxy.sse import InvalidStream, SseRelay, StreamEnd
 from kthena_router.proxy.upstream import Response, UpstreamError, UpstreamTimeout
 
 
+COUNT_INTERVAL_S = 1.0  # how often a running stream's output tokens are counted
+
+
 class SseStreamRelay:
     """Stateless; one per worker (per-stream state lives in sse.SseRelay).
 
@@ -70,6 +73,12 @@ class SseStreamRelay:
             x.last_send()
         await (down.end(first) if ended else down.send(first))
         t_last = t_first
+        # Output tokens count toward the endpoint's token rate while a long stream runs (one
+        # event ~ one token; the final usage settles the rest), so the autoscaler's
+        # router:tokens_per_second does not jump when a long generation ends. The first
+        # chunk (the role) and the end (usage, terminator) are not counted as tokens.
+        counted = pending = 0
+        count_at = t_first + COUNT_INTERVAL_S
         failure: Failure | None = None
         detail = ""
         if not ended:
@@ -91,6 +100,11 @@ class SseStreamRelay:
                         t_last = time.perf_counter()
                         if ended:
                             break
+                        pending += out.count(b"\n\n")
+                        if t_last >= count_at:
+                            counted += pending
+                            x.metrics.observe_endpoint_tokens(x.server_label, x.endpoint_label, "", None, pending)
+                            pending, count_at = 0, t_last + COUNT_INTERVAL_S
             except InvalidStream:
                 failure = Failure.INVALID
             except UpstreamTimeout as exc:
@@ -119,8 +133,10 @@ class SseStreamRelay:
             completion = x.completion_tokens = int_or_none(usage.get("completion_tokens"))
             x.att_prompt_tokens = int_or_none(usage.get("prompt_tokens"))
             metrics.observe_tokens(x.model_label, x.path_label, x.att_prompt_tokens, completion)
-            metrics.observe_endpoint_tokens(x.server_label, x.endpoint_label, x.input_endpoint,
-                                            x.att_prompt_tokens, completion)
+            metrics.observe_endpoint_tokens(x.server_label, x.endpoint_label, x.input_endpoint, x.att_prompt_tokens,
+                                            None if completion is None else max(0, completion - counted))
+        elif counted:  # no usage: the events stand for the tokens
+            metrics.observe_endpoint_tokens(x.server_label, x.endpoint_label, "", None, pending)
             if completion is not None and completion > 1 and failure is None:
                 x.att_tpot = (t_last - t_first) / (completion - 1)
                 metrics.observe_tpot(x.model_label, x.path_label, x.att_tpot)

@@ -93,6 +93,41 @@ def test_endpoint_tokens_match_the_usage_of_the_requests(router: harness.Router,
     harness.wait_until(counted, 10, what="per-endpoint token counters")
 
 
+def test_a_long_stream_counts_its_output_while_it_runs(router: harness.Router, sim: harness.Simulator) -> None:
+    eps = [f"127.0.0.1:{p}" for p in sim.ports]
+
+    def output() -> float:
+        return sum(_tokens(router, ep, "output") for ep in eps)
+
+    before = output()
+    sim.reset_requests()
+    for i in range(len(sim.ports)):
+        sim.set_faults(i, token_delay_s=0.2)  # 20 tokens: about 4 s of stream
+    done = threading.Event()
+
+    def consume() -> None:
+        stream = router.openai(timeout=60.0).chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "tell a long story"}], max_tokens=20, stream=True)
+        for _ in stream:
+            pass
+        done.set()
+
+    t = threading.Thread(target=consume, daemon=True)
+    try:
+        t.start()
+        harness.wait_until(lambda: output() > before or done.is_set(), 30, what="output counted")
+        assert not done.is_set(), "the output was counted only when the stream ended"
+        t.join(60)
+        assert done.is_set()
+    finally:
+        sim.reset_faults()
+    # the final usage settles the count: the engine's own token count, not more
+    served = sum(e["tokens_out"] for i in range(len(sim.ports)) for e in sim.requests(i)["log"]
+                 if e["status"] == "completed")
+    assert served == 20
+    harness.wait_until(lambda: output() - before == served, 10, what="output settled to the usage")
+
+
 def _hold_long_stream(router: harness.Router, stop: threading.Event) -> None:
     client = router.openai(timeout=120.0)
     stream = client.completions.create(model="demo", prompt="a long prompt to fill the cache " * 200,
