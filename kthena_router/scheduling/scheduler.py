@@ -27,11 +27,11 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Protocol
 
-from kthena_router._core import PrefixIndex, Scorer, prefix_key, prefix_seed
+from kthena_router._core import BlockHashes, PrefixIndex, Scorer, prefix_key, prefix_seed
 from kthena_router.endpoints.registry import EndpointState, ServerKey
 from kthena_router.endpoints.selection import EndpointSelector
 from kthena_router.engine_state.snapshot import EndpointSnapshot
@@ -116,6 +116,8 @@ class Scheduler:
         self._lora_ids: dict[str, int] = {}
         self._snapshots: dict[str, EndpointSnapshot] = {}
         self._kv_fallback_reason = "no_event_subscriber"
+        # sharedPrefixIndex: told of every dispatch-time insert (buffers it; no I/O here)
+        self.on_insert: Callable[[str, BlockHashes], None] | None = None
 
     # --- configuration / endpoint set ----------------------------------------------------
     async def prepare(self, info: RequestInfo) -> None:
@@ -322,6 +324,8 @@ class Scheduler:
             scorer.add_in_flight(ep_id, 1)
         if info is not None and info.hashes is not None and len(info.hashes):
             self.index.insert(ep_id, info.hashes)
+            if self.on_insert is not None:
+                self.on_insert(ep.key, info.hashes)
 
     def finished(self, ep: EndpointState, ttft_s: float | None = None, tpot_s: float | None = None) -> None:
         """The attempt on `ep` ended (any outcome); latencies as this router measured them."""
