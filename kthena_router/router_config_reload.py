@@ -161,6 +161,7 @@ class RouterConfigReloader:
         # sharedPrefixIndex: one sync per worker, following the section across reloads
         self.shared_index: SharedIndexSync | None = None
         self._shared_metrics: SharedIndexMetrics | None = None
+        self._retired: list[SharedIndexSync] = []
         worker_status.report_router_config_applied(settings, rc.digest)
 
     @property
@@ -185,6 +186,7 @@ class RouterConfigReloader:
         cur = self.shared_index
         if cur is not None and (want is None or cur.settings != want):
             self.shared_index = None
+            self._retired.append(cur)  # close() finishes it if this task is still running then
             self._spawn(cur.close())
         if want is not None and self.shared_index is None:
             if self._shared_metrics is None:
@@ -225,9 +227,10 @@ class RouterConfigReloader:
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
-        if self.shared_index is not None:
-            await self.shared_index.close()
-            self.shared_index = None
+        for sync in [*self._retired, *([self.shared_index] if self.shared_index is not None else [])]:
+            await sync.close()  # idempotent; the spawned close tasks were cancelled above
+        self._retired.clear()
+        self.shared_index = None
         if self.scheduling.matcher is not None:
             await self.scheduling.matcher.close()
 
