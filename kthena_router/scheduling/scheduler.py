@@ -16,7 +16,8 @@ Feeds, all into the Rust Scorer:
 
 Per worker process (granian workers share nothing): the Scorers (in-flight counts, EWMAs),
 the approximate PrefixIndex and the scraper. With N workers each index sees ~1/N of the
-traffic, so affinity is weaker.
+traffic, so affinity is weaker, unless the router configuration shares the index
+(sharedPrefixIndex: kthena_router/shared_index, docs/scale-out.md).
 
 One Scorer per ModelServer (its endpoint set); one PrefixIndex for the worker, keyed by a
 seed per (ModelServer.model, LoRA adapter), so different models/adapters never match.
