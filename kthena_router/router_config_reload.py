@@ -36,6 +36,7 @@ from kthena_router.scheduling.config import KvCacheAwareArgs, RouterConfiguratio
 from kthena_router.scheduling.kv_matcher import KvAwareMatcher, event_source
 from kthena_router.scheduling.scheduler import Scheduler
 from kthena_router.settings import RouterSettings
+from kthena_router.shared_index.sync import SharedIndexMetrics, SharedIndexSync
 from kthena_router.state import RouterState, StateHolder
 
 if TYPE_CHECKING:  # pd.pairing imports this module (SwitchingBalancer)
@@ -159,6 +160,10 @@ class RouterConfigReloader:
         self.on_traffic: Callable[[TrafficSettings], None] | None = None
         self._latest = 0  # ticket of the newest configuration received
         self._tasks: set[asyncio.Task[None]] = set()
+        # sharedPrefixIndex: one sync per worker, following the section across reloads
+        self.shared_index: SharedIndexSync | None = None
+        self._shared_metrics: SharedIndexMetrics | None = None
+        self._retired: list[SharedIndexSync] = []
         worker_status.report_router_config_applied(settings, rc.digest)
 
     @property
@@ -174,6 +179,32 @@ class RouterConfigReloader:
         self.scraper = scraper
         scraper.on_update = self._on_snapshot
         await self._load_tokenizers(self.scheduling)
+        self._follow_shared_index(self.holder.current)
+
+    def _follow_shared_index(self, rc: RouterConfiguration | None) -> None:
+        """Start, replace or stop the shared-index sync for the installed configuration and
+        point the live scheduler's dispatch hook at it."""
+        want = rc.shared_index if rc is not None else None
+        cur = self.shared_index
+        if cur is not None and (want is None or cur.settings != want):
+            self.shared_index = None
+            self._retired.append(cur)  # close() finishes it if this task is still running then
+            self._spawn(cur.close())
+        if want is not None and self.shared_index is None:
+            if self._shared_metrics is None:
+                self._shared_metrics = SharedIndexMetrics(self.metrics.registry)
+            self.shared_index = SharedIndexSync(want, lambda: self.scheduling.scheduler, self._shared_metrics)
+            self.shared_index.start()
+        listeners = self.scheduling.scheduler.insert_listeners
+        if self.shared_index is not None:
+            listeners["shared-index"] = self.shared_index.record
+        else:
+            listeners.pop("shared-index", None)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _on_snapshot(self, snap: EndpointSnapshot) -> None:
         self.scheduling.scheduler.on_snapshot(snap)
@@ -202,6 +233,10 @@ class RouterConfigReloader:
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+        for sync in [*self._retired, *([self.shared_index] if self.shared_index is not None else [])]:
+            await sync.close()  # idempotent; the spawned close tasks were cancelled above
+        self._retired.clear()
+        self.shared_index = None
         if self.scheduling.matcher is not None:
             await self.scheduling.matcher.close()
 
@@ -267,6 +302,8 @@ class RouterConfigReloader:
             old, self.scheduling = self.scheduling, new
             self.balancer.swap(new.scheduler)
         previous, self.holder.current = self.holder.current, rc
+        if self.scraper is not None:  # started (start() follows the first configuration)
+            self._follow_shared_index(rc)
         if self.on_traffic is not None and (previous is None or previous.traffic != rc.traffic):
             self.on_traffic(rc.traffic)
         if self.on_install is not None:

@@ -1,5 +1,8 @@
 """A real L4 balancer (Debian's haproxy) in front of several router replicas, for tests.
 
+The configuration and binary come from loadtest/haproxy.py (shared with the benchmarks);
+this module runs it under the tests' process manager.
+
 `make test` installs haproxy when it is missing (Makefile target `haproxy`). The balancer
 runs in the foreground (`-db`: no daemon, no master process) with its own config file in
 the test's log directory, TCP mode (it never parses HTTP), `balance roundrobin`: each new
@@ -11,42 +14,13 @@ Import as `import haproxy_harness` (tests/ is on sys.path through tests/conftest
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 import harness
+from loadtest.haproxy import HAPROXY, render_config
 
-HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
-
-_CONFIG = """\
-global
-    maxconn 1024
-    log stdout format raw local0 info
-
-defaults
-    mode tcp
-    log global
-    option tcplog
-    timeout connect 5s
-    timeout client 120s
-    timeout server 120s
-
-frontend routers
-    bind {host}:{port}
-    default_backend replicas
-
-backend replicas
-    balance roundrobin
-{servers}
-"""
-
-
-def render_config(port: int, backends: Sequence[int], host: str = harness.HOST) -> str:
-    """The haproxy.cfg: one frontend on host:port, one server line per backend port (no
-    health checks: a replica that is down fails its connections, which a test can see)."""
-    servers = "\n".join(f"    server r{i} {host}:{p}" for i, p in enumerate(backends))
-    return _CONFIG.format(host=host, port=port, servers=servers)
+__all__ = ["HAPROXY", "Haproxy", "render_config", "start_haproxy"]
 
 
 class Haproxy:

@@ -129,7 +129,7 @@ class PodStateLink:
         before the scheduler is synced (nothing subscribed yet)."""
         if scheduler is None:
             return
-        scheduler.on_insert = self._send_insert
+        scheduler.insert_listeners["pod-state"] = self._send_insert
         matcher = scheduler.kv_matcher
         if matcher is not None and not isinstance(matcher.subscribers, SharedKvSubscribers):
             # before the first connection attempt: assume the hub (no subscription to undo)

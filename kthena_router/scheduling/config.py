@@ -39,6 +39,7 @@ from ..config.provider_settings import DEFAULT_PROVIDER_SETTINGS, ExternalProvid
 from ..config.scale_from_zero import DEFAULT_SCALE_FROM_ZERO, ScaleFromZeroSettings, parse_scale_from_zero
 from ..config.traffic import DEFAULT_TRAFFIC, TrafficSettings, parse_traffic
 from ..ratelimit.config import DEFAULT_RATE_LIMITS, RateLimitSettings, parse_rate_limits
+from ..shared_index.config import SharedIndexSettings, parse_shared_index
 from ..fairness.config import FairnessSettings, parse_fairness
 from ..identity.config import AuthConfig, parse_auth
 from ..pd.config import DEFAULT_PD, PdSettings
@@ -166,6 +167,8 @@ class RouterConfiguration:
     external_providers: ExternalProvidersSettings = DEFAULT_PROVIDER_SETTINGS
     # ours: holding requests for a ModelServer with zero endpoints (config/scale_from_zero.py)
     scale_from_zero: ScaleFromZeroSettings = DEFAULT_SCALE_FROM_ZERO
+    # ours: prefix ownership shared by router replicas through Redis (kthena_router/shared_index)
+    shared_index: SharedIndexSettings | None = None
 
 
 # Our pipeline when the file has no `scheduler` (Kthena's Helm chart default).
@@ -419,7 +422,7 @@ def router_configuration_from_object(
     from ..pd.config_parse import parse_pd  # it imports this module (the scheduler-section parser)
 
     m = _mapping(c, obj, "", ("scheduler", "auth", "sessionSticky", "traffic", "rateLimits", "fairness", "pd",
-                              "externalProviders", "scaleFromZero"))
+                              "externalProviders", "scaleFromZero", "sharedPrefixIndex"))
     scheduler: SchedulerSettings | None = None
     auth = None
     sticky = None
@@ -429,6 +432,7 @@ def router_configuration_from_object(
     pd = DEFAULT_PD
     external = DEFAULT_PROVIDER_SETTINGS
     scale_from_zero = DEFAULT_SCALE_FROM_ZERO
+    shared_index = None
     if m is not None:
         scheduler = _scheduler(c, m.get("scheduler"))
         traffic = parse_traffic(c, m.get("traffic"))
@@ -439,11 +443,16 @@ def router_configuration_from_object(
         pd = parse_pd(c, m.get("pd"))
         external = parse_external_providers(c, m.get("externalProviders"), c.base_dir)
         scale_from_zero = parse_scale_from_zero(c, m.get("scaleFromZero"))
+        shared_index = parse_shared_index(c, m.get("sharedPrefixIndex"))
+        if shared_index is not None and scheduler is not None \
+                and not any(scheduler.enabled(n) for n in ("prefix-cache", "kvcache-aware")):
+            c.err("sharedPrefixIndex", "needs prefix-cache or kvcache-aware in scheduler.plugins.Score.enabled "
+                  "(without one no prompt is hashed, so there is nothing to share)")
     if c.problems or scheduler is None:
         raise ConfigError(c.problems or [ConfigProblem(source, document, "", "invalid configuration")])
     return RouterConfiguration(scheduler, auth, sticky, source, digest, tuple(c.warnings), traffic,
                                rate_limits=rate_limits, fairness=fairness, pd=pd, external_providers=external,
-                               scale_from_zero=scale_from_zero)
+                               scale_from_zero=scale_from_zero, shared_index=shared_index)
 
 
 def _load_yaml(text: str, source: str, document: str, first_index: int = 1) -> list[Any]:

@@ -15,8 +15,10 @@ Feeds, all into the Rust Scorer:
   teaches the index sizing the traffic's bytes per token (scheduling/index_sizing.py).
 
 Per worker process: the Scorers (in-flight counts, EWMAs) and the approximate PrefixIndex.
-With several granian workers the pod-state hub (docs/pod-state.md) scrapes once for all
-of them and relays every worker's inserts (`on_insert`) to the others' indexes.
+Every dispatch-time insert also goes to `insert_listeners`: with several granian workers the
+pod-state hub (docs/pod-state.md) relays them to the other workers' indexes, and the router
+configuration's sharedPrefixIndex (kthena_router/shared_index, docs/scale-out.md) shares
+them with other router replicas through Redis.
 
 One Scorer per ModelServer (its endpoint set); one PrefixIndex for the worker, keyed by a
 seed per (ModelServer.model, LoRA adapter), so different models/adapters never match.
@@ -116,9 +118,9 @@ class Scheduler:
         self._lora_ids: dict[str, int] = {}
         self._snapshots: dict[str, EndpointSnapshot] = {}
         self._kv_fallback_reason = "no_event_subscriber"
-        # (endpoint key, hashes) of every dispatch-time insert: the pod-state hub relays them
-        # to the other workers' indexes (podstate/link.py)
-        self.on_insert: Callable[[str, BlockHashes], None] | None = None
+        # every dispatch-time insert, by listener name ("pod-state", "shared-index"): each
+        # buffers or queues it, none does I/O here
+        self.insert_listeners: dict[str, Callable[[str, BlockHashes], None]] = {}
 
     # --- configuration / endpoint set ----------------------------------------------------
     async def prepare(self, info: RequestInfo) -> None:
@@ -325,8 +327,9 @@ class Scheduler:
             scorer.add_in_flight(ep_id, 1)
         if info is not None and info.hashes is not None and len(info.hashes):
             self.index.insert(ep_id, info.hashes)
-            if self.on_insert is not None:
-                self.on_insert(ep.key, info.hashes)
+            if self.insert_listeners:
+                for listener in self.insert_listeners.values():
+                    listener(ep.key, info.hashes)
 
     def finished(self, ep: EndpointState, ttft_s: float | None = None, tpot_s: float | None = None) -> None:
         """The attempt on `ep` ended (any outcome); latencies as this router measured them."""

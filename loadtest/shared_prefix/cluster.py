@@ -231,3 +231,48 @@ def engine_states(admin_url: str) -> list[dict]:
         raise StartError(f"simulator admin state: HTTP {status}")
     return json.loads(data)
 
+
+
+def start_redis(logdir: Path, procs: list[Proc], timeout_s: float = 30.0) -> str:
+    """A fresh redis-server (no persistence) for one cell; its host:port."""
+    exe = shutil.which("redis-server") or "/usr/bin/redis-server"
+    [port] = free_ports(1)
+    p = Proc("redis", [exe, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no",
+                       "--dir", str(logdir), "--protected-mode", "no"], logdir)
+    procs.append(p)
+
+    def pong() -> bool:
+        with socket.create_connection((HOST, port), timeout=1.0) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+
+    wait_until(pong, p, timeout_s, "PONG")
+    return f"{HOST}:{port}"
+
+
+def with_shared_index(sched_yaml: str | None, redis_address: str, sync_interval: str = "50ms") -> str:
+    """The routerConfiguration plus a sharedPrefixIndex section on this Redis."""
+    return (sched_yaml or "") + (f"sharedPrefixIndex:\n  redis: {{address: '{redis_address}'}}\n"
+                                 f"  syncInterval: {sync_interval}\n")
+
+
+def start_replicas(logdir: Path, procs: list[Proc], ports: list[int], policy: Policy,
+                   sched_yaml: str | None, kv_events_base: int | None = None,
+                   extra_args: tuple[str, ...] = ()) -> tuple[str, list[str]]:
+    """policy.replicas routers (each its own log dir), behind haproxy when more than one:
+    (the URL clients send to, the routers' admin URLs)."""
+    from loadtest import haproxy  # only the scale-out cells need it
+
+    urls: list[str] = []
+    admins: list[str] = []
+    for i in range(policy.replicas):
+        d = logdir / f"replica{i}" if policy.replicas > 1 else logdir
+        d.mkdir(parents=True, exist_ok=True)
+        url, admin = start_router(d, procs, ports, policy, sched_yaml, kv_events_base=kv_events_base,
+                                  extra_args=extra_args)
+        urls.append(url)
+        admins.append(admin)
+    if policy.replicas == 1:
+        return urls[0], admins
+    url = haproxy.start(logdir, procs, [int(u.rsplit(":", 1)[1]) for u in urls])
+    return url, admins

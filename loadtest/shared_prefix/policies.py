@@ -8,7 +8,7 @@ replaces a policy's YAML with a file (e.g. to try "best" variants without editin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -18,6 +18,7 @@ import yaml
 ROUTER_CONFIG_FLAG = "--router-config"
 # Our best configuration, shipped as a file (one setting for every regime; docs/benchmarks.md).
 BEST_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "scheduling" / "best.yaml"
+PHB_CONFIG = BEST_CONFIG.with_name("prefix-hash-bounded.yaml")
 
 GREEDY = "greedy-reference"  # the runner's own lowest-predicted-TTFT chooser (greedy.py)
 # earlier names, still accepted on the command line
@@ -38,6 +39,11 @@ class Policy:
     # the file scheduler_yaml was read from: passed as is, so that its relative paths
     # (tokenizers) resolve against its own directory
     config_file: Path | None = None
+    # router replicas behind one haproxy (round-robin per connection); "NAME@N" on the
+    # runner's command line sets it (scale-out comparisons: docs/scale-out.md)
+    replicas: int = 1
+    # a Redis per cell, its address added to the routerConfiguration as sharedPrefixIndex
+    shared_index: bool = False
 
     @property
     def needs_kv_events(self) -> bool:
@@ -85,6 +91,12 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     # + least-request; kept as its own row so that its file is what the table measures
     Policy("best", "router", BEST_CONFIG.read_text(), note="ours, configs/scheduling/best.yaml",
            config_file=BEST_CONFIG),
+    # scale-out options (run them as NAME@3): shared approximate index in Redis, and
+    # consistent hashing with bounded loads (no shared state)
+    Policy("redis-index", "router", BEST_CONFIG.read_text(), shared_index=True,
+           note="best.yaml + sharedPrefixIndex (a Redis per cell)"),
+    Policy("prefix-hash-bounded", "router", PHB_CONFIG.read_text(),
+           note="configs/scheduling/prefix-hash-bounded.yaml", config_file=PHB_CONFIG),
     Policy(GREEDY, "greedy", note="one-step greedy: lowest predicted TTFT (greedy.py)"),
     Policy("direct", "direct", note="client round-robin straight to the engines"),
     Policy("sglang-cache-aware", "peer", peer="sglang"),
@@ -99,7 +111,14 @@ SWEEP_POLICIES = ("random", "kvcache-aware+least-request", "best", GREEDY)
 
 
 def get(name: str) -> Policy:
+    """A policy by name; "NAME@N" is NAME with N router replicas behind haproxy."""
+    base, sep, n = name.partition("@")
     try:
-        return POLICIES[ALIASES.get(name, name)]
+        pol = POLICIES[ALIASES.get(base, base)]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+        raise ValueError(f"unknown policy {base!r}; known: {', '.join(POLICIES)}") from None
+    if not sep:
+        return pol
+    if not n.isdigit() or int(n) < 1 or pol.kind != "router":
+        raise ValueError(f"{name!r}: NAME@N wants a router policy and N >= 1")
+    return replace(pol, name=name, replicas=int(n))

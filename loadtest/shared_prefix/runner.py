@@ -158,8 +158,10 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
     blocks = cluster.kv_blocks(spec, kv_factor)
     procs: list[Proc] = []
     greedy: GreedyReference | None = None
-    router_admin: str | None = None
+    router_admins: list[str] = []
     kv_fallbacks: float | None = None
+    shared: dict[str, float | None] | None = None
+    served: list[float | None] | None = None
     hot_spot: float | None = None
     needs_events = pol.kv_events or policies.uses_kv_events(sched_yaml)
     try:
@@ -172,9 +174,14 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
         chooser: Chooser = Chooser()
         urls: list[str]
         if pol.kind == "router":
-            url, router_admin = cluster.start_router(logdir, procs, ports, pol, sched_yaml,
-                                                     kv_events_base=ev_base,
-                                                     extra_args=tuple(a.router_arg))
+            if pol.shared_index:  # a fresh Redis per cell: the index starts empty, as the caches
+                # syncInterval 50 ms of simulated time (wall = x time scale): the staleness a
+                # real deployment at 50 ms would have, not one the slowed clock flatters
+                sched_yaml = cluster.with_shared_index(sched_yaml, cluster.start_redis(logdir, procs),
+                                                       f"{round(50 * k)}ms")
+            url, router_admins = cluster.start_replicas(logdir, procs, ports, pol, sched_yaml,
+                                                        kv_events_base=ev_base,
+                                                        extra_args=tuple(a.router_arg))
             urls = [url]
         elif pol.kind == "peer":
             urls = [cluster.start_peer(logdir, procs, ports, pol.peer or "")]
@@ -207,15 +214,22 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
         stats = run.result()
         states1 = await asyncio.to_thread(cluster.engine_states, admin_url)
         ttft1 = await asyncio.to_thread(cluster.engine_ttft_totals, engine_urls)
-        if router_admin is not None and needs_events:
+        if router_admins and needs_events:
             # requests that kvcache-aware scored without exact event data (should be ~0)
             kv_fallbacks = await asyncio.to_thread(
-                cluster.router_counter, router_admin, "kthena_router_kvcache_aware_fallback_total")
-        if router_admin is not None and sched_yaml:
+                _sum_counter, router_admins, "kthena_router_kvcache_aware_fallback_total")
+        if router_admins and sched_yaml:
             # the hot-spot guard's reorders, published at the router's scrape pace (1 s)
             await asyncio.sleep(1.2)
             hot_spot = await asyncio.to_thread(
-                cluster.router_counter, router_admin, "kthena_router_hot_spot_reorders_total")
+                _sum_counter, router_admins, "kthena_router_hot_spot_reorders_total")
+        if router_admins and pol.shared_index:
+            shared = {n: await asyncio.to_thread(_sum_counter, router_admins,
+                                                 f"kthena_router_shared_index_{n}_total")
+                      for n in ("published", "merged", "dropped", "redis_errors")}
+        if router_admins and pol.replicas > 1:
+            served = [await asyncio.to_thread(cluster.router_counter, u, "kthena_router_requests_total")
+                      for u in router_admins]
     finally:
         if greedy is not None:
             await greedy.stop()
@@ -264,6 +278,11 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
         cell["added_ttft_mean_ms"] = 1000.0 * (sum(ttfts) / len(ttfts) - cell["engine_ttft_mean_s"])
     if hot_spot is not None:
         cell["hot_spot_reorders"] = hot_spot
+    if pol.replicas > 1:
+        cell["replicas"] = pol.replicas
+        cell["requests_per_replica"] = served  # haproxy's round-robin spread (probes included)
+    if shared is not None:
+        cell["shared_index"] = shared
     if needs_events:
         cell["kv_events"] = True
         cell["kvcache_aware_fallbacks"] = kv_fallbacks
@@ -273,6 +292,11 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
         cell["per_engine_requests"] = [sum(1 for r in stats.results if r.target == i)
                                        for i in range(len(engine_urls))]
     return cell, ttfts
+
+
+def _sum_counter(admin_urls: list[str], name: str) -> float | None:
+    vals = [cluster.router_counter(u, name) for u in admin_urls]
+    return None if any(v is None for v in vals) else sum(v for v in vals if v is not None)
 
 
 async def bench(a: argparse.Namespace, logdir: Path) -> dict[str, Any]:

@@ -1,0 +1,262 @@
+"""Background sync of dispatch-time prefix ownership between router replicas via Redis.
+
+Why a background sync and not a lookup per request: the request path must never wait on
+Redis. `record()` (called at dispatch) only appends to a bounded buffer; every
+`syncInterval` ONE pipelined round trip publishes the buffer and reads what the other
+replicas published since the last read, which is merged into this worker's local Rust
+PrefixIndex. Decisions read only the local index (one Rust call, as without sharing), so
+a slow or dead Redis costs affinity freshness, never request latency. The price is
+staleness: a replica learns another's dispatch within ~syncInterval + one round trip.
+Measurements against a per-request MGET: docs/scale-out.md.
+
+Layout in Redis: one stream (`key`). An entry is a batch of one replica's dispatches:
+fields `r` (the publishing worker's id, to skip its own) and `d` (records, each
+`u8 len | endpoint "ip:port" | u32 n | n x u64 chain hashes`, little-endian). The chain
+hashes are the router's prefix hashes (seeded by model and LoRA: replicas agree without
+coordination) and endpoints are named by address, the same in every replica. Bounded and
+approximate: XADD trims entries older than `ttl` (MINID, approximate), XTRIM caps the
+length at `maxEntries`, the key expires `ttl` after the last publish, readers skip entries
+older than `ttl`, and every local index keeps its own LRU capacity per endpoint.
+A new replica reads the last `ttl` of the stream at start (warm start).
+
+Outage: a failed or timed-out round trip marks Redis down for `redisRetry` (errors
+counted, `kthena_router_shared_index_redis_up` 0); routing goes on with the local index;
+dispatches wait in the buffer (oldest dropped past `maxPending`) and are published when
+Redis answers again. Reading resumes from the last id seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+import sys
+import time
+import uuid
+from array import array
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from kthena_router._core import BlockHashes
+
+from .config import SharedIndexSettings
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SharedIndexMetrics", "SharedIndexSync", "decode", "encode"]
+
+READ_COUNT = 64  # stream entries per read; a full read is followed by another at once
+RECORDS_PER_ENTRY = 256  # dispatch records per stream entry
+_HDR = struct.Struct("<B")
+_N = struct.Struct("<I")
+assert array("Q").itemsize == 8
+
+
+class IndexTarget(Protocol):
+    """What the sync merges into: the live Scheduler (re-read each round: reloads swap it)."""
+
+    def endpoint_id(self, ep_key: str) -> int | None: ...
+
+    @property
+    def index(self) -> Any: ...
+
+
+class SharedIndexMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.published = Counter("kthena_router_shared_index_published_total",
+                                 "Dispatch records (endpoint, prefix chain) published to the shared index",
+                                 registry=registry)
+        self.merged = Counter("kthena_router_shared_index_merged_total",
+                              "Records of other replicas merged into the local prefix index", registry=registry)
+        self.dropped = Counter("kthena_router_shared_index_dropped_total",
+                               "Dispatch records dropped unpublished (buffer full while Redis was slow or down)",
+                               registry=registry)
+        self.errors = Counter("kthena_router_shared_index_redis_errors_total",
+                              "Failed shared-index round trips (each marks Redis down for redisRetry)",
+                              ["address"], registry=registry)
+        self.up = Gauge("kthena_router_shared_index_redis_up",
+                        "1 if the last shared-index round trip succeeded (0: routing on the local index only)",
+                        multiprocess_mode="livemin", registry=registry)
+        self.round_trip = Histogram("kthena_router_shared_index_round_trip_seconds",
+                                    "One publish + read pipeline to Redis (off the request path)",
+                                    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+                                    registry=registry)
+
+
+def encode(records: list[tuple[str, list[int]]]) -> bytes:
+    out = bytearray()
+    for ep_key, hashes in records:
+        ep = ep_key.encode()
+        if len(ep) > 255:  # not an ip:port
+            continue
+        words = array("Q", hashes)
+        out += _HDR.pack(len(ep)) + ep + _N.pack(len(words))
+        if sys.byteorder != "little":
+            words.byteswap()
+        out += words.tobytes()
+    return bytes(out)
+
+
+def decode(blob: bytes) -> list[tuple[str, list[int]]]:
+    """Records of one entry; a truncated tail (a corrupt entry) ends the list."""
+    out: list[tuple[str, list[int]]] = []
+    view = memoryview(blob)
+    i = 0
+    while i < len(view):
+        n_ep = view[i]
+        j = i + 1 + n_ep
+        if j + 4 > len(view):
+            break
+        ep = bytes(view[i + 1:j]).decode(errors="replace")
+        (n,) = _N.unpack_from(view, j)
+        k = j + 4 + 8 * n
+        if k > len(view):
+            break
+        words = array("Q")
+        words.frombytes(view[j + 4:k])
+        if sys.byteorder != "little":
+            words.byteswap()
+        out.append((ep, words.tolist()))
+        i = k
+    return out
+
+
+class SharedIndexSync:
+    def __init__(self, settings: SharedIndexSettings, target: Callable[[], IndexTarget],
+                 metrics: SharedIndexMetrics) -> None:
+        self.settings = settings
+        self.target = target
+        self.metrics = metrics
+        self.replica = uuid.uuid4().hex[:16].encode()  # this worker; its own entries are skipped
+        host, _, port = settings.redis_address.rpartition(":")
+        # No client-side retries: an outage costs one timeout per redisRetry, in the background.
+        self.client = aioredis.Redis(host=host, port=int(port), socket_timeout=settings.redis_timeout_s,
+                                     socket_connect_timeout=settings.redis_timeout_s,
+                                     retry=Retry(NoBackoff(), 0), max_connections=2)
+        self.pending: deque[tuple[str, BlockHashes]] = deque(maxlen=settings.max_pending)
+        self.last_id = f"{max(0, int((time.time() - settings.ttl_s) * 1000))}-0"  # warm start
+        self.down_until = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._errors = metrics.errors.labels(settings.redis_address)
+        metrics.up.set(1)
+
+    # --- request path ----------------------------------------------------------------------
+    def record(self, ep_key: str, hashes: BlockHashes) -> None:
+        """A dispatch (the local index already has it): O(1), no I/O."""
+        if len(self.pending) == self.pending.maxlen:
+            self.metrics.dropped.inc()
+        self.pending.append((ep_key, hashes))
+
+    # --- background ----------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        period = self.settings.sync_interval_s
+        while True:
+            full = False
+            if time.monotonic() >= self.down_until:
+                try:
+                    full = await self.round()
+                except Exception:  # a bug must not end sharing silently for the process' life
+                    log.exception("shared prefix index: sync round failed")
+            if not full:
+                await asyncio.sleep(period)
+
+    async def round(self) -> bool:
+        """Publish the buffer and merge what others published; True if the read was full
+        (more to read at once). Redis errors mark it down and keep the buffer."""
+        batch = self._take()
+        s = self.settings
+        pipe = self.client.pipeline(transaction=False)
+        now_ms = int(time.time() * 1000)
+        min_id = f"{max(0, now_ms - int(s.ttl_s * 1000))}-0"
+        for i in range(0, len(batch), RECORDS_PER_ENTRY):
+            pipe.xadd(s.key, {"r": self.replica, "d": encode(batch[i:i + RECORDS_PER_ENTRY])},
+                      minid=min_id, approximate=True)
+        if batch:
+            pipe.xtrim(s.key, maxlen=s.max_entries, approximate=True)
+            pipe.pexpire(s.key, int(s.ttl_s * 1000))
+        pipe.xread({s.key: self.last_id}, count=READ_COUNT)
+        t0 = time.perf_counter()
+        try:
+            res = await asyncio.wait_for(pipe.execute(), s.redis_timeout_s)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            self._failed(exc, batch)
+            return False
+        self.metrics.round_trip.observe(time.perf_counter() - t0)
+        if self.down_until:
+            log.warning("shared prefix index: Redis %s reachable again", s.redis_address)
+            self.down_until = 0.0
+        self.metrics.up.set(1)
+        if batch:
+            self.metrics.published.inc(len(batch))
+        entries = res[-1][0][1] if res[-1] else []
+        self._merge(entries, now_ms)
+        return len(entries) >= READ_COUNT
+
+    def _take(self) -> list[tuple[str, list[int]]]:
+        # collapse repeats of one chain on one endpoint within the batch (same group's
+        # requests): the other replicas' LRU needs it once per round
+        seen: dict[tuple[str, int, int], tuple[str, list[int]]] = {}
+        while self.pending:
+            ep_key, hashes = self.pending.popleft()
+            h = hashes.tolist()
+            seen[(ep_key, len(h), h[-1])] = (ep_key, h)
+        return list(seen.values())
+
+    def _merge(self, entries: list[Any], now_ms: int) -> None:
+        if not entries:
+            return
+        oldest = now_ms - int(self.settings.ttl_s * 1000)
+        target = self.target()
+        index = target.index
+        merged = 0
+        for entry_id, fields in entries:
+            eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+            self.last_id = eid
+            if fields.get(b"r") == self.replica or int(eid.split("-", 1)[0]) < oldest:
+                continue
+            for ep_key, hashes in decode(fields.get(b"d", b"")):
+                ep_id = target.endpoint_id(ep_key)
+                if ep_id is not None and hashes:  # endpoints this replica does not route to are skipped
+                    index.insert(ep_id, BlockHashes(hashes))
+                    merged += 1
+        if merged:
+            self.metrics.merged.inc(merged)
+
+    def _failed(self, exc: BaseException, batch: list[tuple[str, list[int]]]) -> None:
+        if not self.down_until:
+            log.warning("shared prefix index: Redis %s unreachable (%s); routing on the local index, "
+                        "retrying every %.1fs", self.settings.redis_address, type(exc).__name__,
+                        self.settings.redis_retry_s)
+        self.down_until = time.monotonic() + self.settings.redis_retry_s
+        self._errors.inc()
+        self.metrics.up.set(0)
+        # put the batch back in front (older than what arrived meanwhile), within maxPending
+        room = self.pending.maxlen - len(self.pending) if self.pending.maxlen else len(batch)
+        keep = batch[-room:] if room > 0 else []
+        if len(keep) < len(batch):
+            self.metrics.dropped.inc(len(batch) - len(keep))
+        self.pending.extendleft((ep, BlockHashes(h)) for ep, h in reversed(keep))
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        if self.pending and time.monotonic() >= self.down_until:
+            with contextlib.suppress(Exception):
+                await self.round()  # publish the last dispatches (best effort)
+        with contextlib.suppress(Exception):
+            await self.client.aclose()
