@@ -106,3 +106,33 @@ def test_redis_down_routing_continues_on_the_local_index(setup) -> None:  # type
     harness.wait_until(lambda: metric(a, "kthena_router_shared_index_redis_up") == 1, 30, what="A sees Redis up")
     send(b, "q", "b")
     assert engines(sim, "b") == chosen
+
+
+def _stream_len(redis: redis_harness.RedisServer, key: str) -> int:
+    import redis as redis_py  # the client library, for a direct look at the stream
+
+    with redis_py.Redis(host=redis.address.split(":")[0], port=int(redis.address.split(":")[1])) as r:
+        return int(r.xlen(key))
+
+
+def test_reload_moves_the_sync_to_a_new_key_and_a_removal_stops_it(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    sim, redis, (a, _) = setup
+    send(a, "r", "a")
+    harness.wait_until(lambda: _stream_len(redis, "kthena:prefix-index") > 0, 30, what="the default stream")
+    sched = tmp_path / "sched.yaml"
+    sched.write_text(SCHED.format(address=redis.address) + "  key: fleet-b\n")
+    assert a.reload().status_code == 200
+    published = metric(a, "kthena_router_shared_index_published_total")
+    send(a, "s", "a2")
+    harness.wait_until(lambda: _stream_len(redis, "fleet-b") > 0, 30, what="the new key after the reload")
+    assert metric(a, "kthena_router_shared_index_published_total") > published
+    # the section removed: no more publishing, routing goes on with the local index
+    sched.write_text(SCHED.format(address=redis.address).split("sharedPrefixIndex:")[0])
+    assert a.reload().status_code == 200
+    send(a, "t", "a3")  # by its end a retired sync has long flushed what it held (20 ms rounds)
+    before = {k: _stream_len(redis, k) for k in ("kthena:prefix-index", "fleet-b")}
+    send(a, "t", "a4")
+    send(a, "u", "a5")  # 16 dispatches: a running sync would publish them round by round
+    assert engines(sim, "a4") == engines(sim, "a3")  # local affinity
+    assert {k: _stream_len(redis, k) for k in before} == before
+    assert a.stop() == 0  # a clean, prompt shutdown after the sync was stopped
