@@ -1,8 +1,10 @@
 """sharedPrefixIndex end to end: real redis-server, real routers, the simulator, the OpenAI SDK.
 
 Two replicas share dispatch-time prefix ownership through Redis: prompts first sent to
-replica A are routed by replica B to the engines A chose (B never saw them; without the
-shared index B would pick by its tie-break, matching A's 8 choices with chance 3**-8).
+replica A are routed by replica B to the engines A chose (B never saw them; A's choices are
+spread over the engines, sent together, so B's own tie-break cannot reproduce them).
+Prefix-cache outweighs least-request here: a load snapshot B scraped while A's requests
+ran must not pull B off the prefix's engine (this test is about sharing, not balance).
 Redis killed: routing continues on each replica's local index (requests succeed, local
 affinity holds), the outage shows in the metrics; Redis back: the dispatches buffered
 meanwhile reach the other replica. Which engine served a request: the simulator's
@@ -12,6 +14,7 @@ request log (keyed by the X-Request-ID the router forwards).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
@@ -26,7 +29,7 @@ scheduler:
   plugins:
     Score:
       enabled:
-      - {{name: prefix-cache, weight: 1}}
+      - {{name: prefix-cache, weight: 10}}
       - {{name: least-request, weight: 1}}
 sharedPrefixIndex:
   redis: {{address: "{address}"}}
@@ -41,12 +44,20 @@ def messages(tag: str, group: int) -> list[dict[str, str]]:
     return [{"role": "system", "content": system}, {"role": "user", "content": "what now?"}]
 
 
-def send(router: harness.Router, prompt_tag: str, id_tag: str) -> None:
+def send(router: harness.Router, prompt_tag: str, id_tag: str, together: bool = False) -> None:
+    """The groups one after another, or all at once (`together`: least-request then spreads the
+    new prefixes over the engines by their in-flight counts, whatever the tie-break)."""
     with router.openai(max_retries=0, timeout=60) as client:
-        for g in range(GROUPS):
+        def one(g: int) -> None:
             r = client.chat.completions.create(model="demo", messages=messages(prompt_tag, g), max_tokens=2,
                                                extra_headers={"x-request-id": f"{id_tag}{g}"})
             assert r.choices[0].message.content
+        if together:
+            with ThreadPoolExecutor(GROUPS) as pool:
+                list(pool.map(one, range(GROUPS)))
+        else:
+            for g in range(GROUPS):
+                one(g)
 
 
 def engines(sim: harness.Simulator, id_tag: str) -> list[int]:
@@ -61,7 +72,8 @@ def metric(router: harness.Router, name: str) -> float:
 @pytest.fixture()
 def setup(tmp_path: Path) -> Iterator[tuple[harness.Simulator, redis_harness.RedisServer, list[harness.Router]]]:
     redis = redis_harness.start_redis(tmp_path)
-    sim = harness.start_simulator(tmp_path, engines=3, fast=True)
+    # a 300 ms first token: requests sent together overlap, so their in-flight counts spread them
+    sim = harness.start_simulator(tmp_path, engines=3, fast=True, extra_args=["--fast-ttft-ms", "300"])
     config = harness.write_config(tmp_path / "config.yaml", harness.engine_config(sim.ports))
     sched = harness.write_config(tmp_path / "sched.yaml", SCHED.format(address=redis.address))
     routers = [harness.start_router(config, tmp_path, extra_args=["--router-config", str(sched)], wait=False)
@@ -79,7 +91,7 @@ def setup(tmp_path: Path) -> Iterator[tuple[harness.Simulator, redis_harness.Red
 
 def test_a_replica_routes_prefixes_to_the_engines_another_replica_chose(setup) -> None:  # type: ignore[no-untyped-def]
     sim, _, (a, b) = setup
-    send(a, "p", "a")
+    send(a, "p", "a", together=True)
     chosen = engines(sim, "a")
     assert len(set(chosen)) >= 2, chosen  # the prefixes spread (else the check below is weak)
     harness.wait_until(lambda: metric(b, "kthena_router_shared_index_merged_total") >= GROUPS, 30,
@@ -93,7 +105,7 @@ def test_a_replica_routes_prefixes_to_the_engines_another_replica_chose(setup) -
 def test_redis_down_routing_continues_on_the_local_index(setup) -> None:  # type: ignore[no-untyped-def]
     sim, redis, (a, b) = setup
     redis.kill()
-    send(a, "q", "a")  # every request succeeds (send asserts it)
+    send(a, "q", "a", together=True)  # every request succeeds (send asserts it)
     chosen = engines(sim, "a")
     harness.wait_until(lambda: metric(a, "kthena_router_shared_index_redis_up") == 0, 30, what="A sees Redis down")
     assert metric(a, "kthena_router_shared_index_redis_errors_total") >= 1
