@@ -23,6 +23,7 @@ from typing import Any
 
 from loadtest.procs import Proc
 from . import cluster, policies, report
+from .hard_plots import plot_load
 from .client import Chooser, Result, RunStats, drive_sessions
 from .hard_workloads import HardSpec, HardRequest
 
@@ -153,43 +154,6 @@ async def run_hard_cell(a: argparse.Namespace, spec: HardSpec, pol: policies.Pol
     if needs_events:
         cell["kvcache_aware_fallbacks"] = kv_fallbacks
     return cell, ttfts
-
-
-def plot_load(path: Path, rows: dict[str, list[dict[str, Any]]], title: str) -> bool:
-    """Per-engine queue (running + waiting) over time, one panel per policy (first seed)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    names = [n for n, cells in rows.items() if cells]
-    if not names:
-        return False
-    cols = 2
-    nrows = (len(names) + cols - 1) // cols
-    fig, axes = plt.subplots(nrows, cols, figsize=(11, 2.6 * nrows), squeeze=False,
-                             sharex=True)
-    for ax, name in zip(axes.flat, names):
-        tl = rows[name][0]["queue_timeline"]
-        if tl:
-            ts = [t for t, _ in tl]
-            for e in range(len(tl[0][1])):
-                ax.plot(ts, [q[e] for _, q in tl], label=f"engine {e}")
-        ax.set_title(name, fontsize=9)
-        ax.grid(True, alpha=0.3)
-        ax.set_ylabel("running+waiting", fontsize=8)
-    for ax in axes.flat[len(names):]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    for ax in axes[-1]:
-        ax.set_xlabel("simulated s")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
 
 
 def _cell_line(spec: HardSpec, cell: dict[str, Any]) -> str:
