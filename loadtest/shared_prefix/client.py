@@ -1,4 +1,5 @@
-"""Open-loop streaming driver: Poisson arrivals, a concurrency cap, per-request timings.
+"""Streaming drivers: open loop (`drive`: Poisson arrivals, a concurrency cap) and closed-loop
+sessions (`drive_sessions`: multi-turn chat, issue 15), with per-request timings.
 
 Uses loadgen's raw HTTP/1.1 protocol (cheap per streamed chunk: on 2 cores the client's
 CPU is taken from the engines and the router). Each request is timed at the client with
