@@ -8,7 +8,7 @@ EXT    := kthena_router/_core.abi3.so
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 RUST_SRC := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml
 
-.PHONY: run test build cargo-test pytest bench bench-overhead clean redis-server prometheus haproxy k8s-testbin
+.PHONY: run test build cargo-test pytest bench bench-overhead clean redis-server prometheus haproxy k8s-testbin peers-smg
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -73,5 +73,16 @@ bench: build
 bench-overhead: build
 	$(VPY) -m loadtest.bench_overhead
 
+# SMG (the SGLang model gateway, PyPI `smg`) as a benchmark peer, in its own venv so that
+# its dependencies never touch .venv; only loadtest/shared_prefix uses it (not `make test`).
+SMG_VENV := .venv-smg
+SMG_VERSION := 1.13.0
+peers-smg: $(SMG_VENV)/bin/smg
+
+$(SMG_VENV)/bin/smg:
+	$(PYTHON) -m venv $(SMG_VENV)
+	$(SMG_VENV)/bin/python -m pip install -q "smg==$(SMG_VERSION)"
+	$(SMG_VENV)/bin/smg --version
+
 clean:
-	rm -rf $(VENV) target $(EXT)
+	rm -rf $(VENV) $(SMG_VENV) target $(EXT)

@@ -1,4 +1,5 @@
-"""Open-loop streaming driver: Poisson arrivals, a concurrency cap, per-request timings.
+"""Streaming drivers: open loop (`drive`: Poisson arrivals, a concurrency cap) and closed-loop
+sessions (`drive_sessions`: multi-turn chat, issue 15), with per-request timings.
 
 Uses loadgen's raw HTTP/1.1 protocol (cheap per streamed chunk: on 2 cores the client's
 CPU is taken from the engines and the router). Each request is timed at the client with
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -110,57 +112,72 @@ class _Pool:
             idle.clear()
 
 
+class _Sender:
+    """Sends one request and records its Result (shared by both drivers)."""
+
+    def __init__(self, targets: list[Target], chooser: Chooser, model: str, timeout_s: float,
+                 stats: RunStats, on_result: Callable[[Result], None] | None) -> None:
+        self.targets, self.chooser, self.model = targets, chooser, model
+        self.timeout_s, self.stats, self.on_result = timeout_s, stats, on_result
+        self.pool = _Pool(targets)
+        self.t0 = time.perf_counter()
+
+    async def send(self, req: Request) -> Result:
+        chooser, loop = self.chooser, asyncio.get_running_loop()
+        i = chooser.choose(req)
+        body = orjson.dumps(req.chat_body(self.model))
+        raw = _raw_request(self.targets[i], CHAT_PATH, body)
+        ts = time.perf_counter()
+        conn: _Conn | None = None
+        first_seen = False
+
+        def first() -> None:
+            nonlocal first_seen
+            first_seen = True
+            chooser.on_first_token(req, i)
+
+        try:
+            conn = await self.pool.get(i)
+            conn.on_first = first
+            fut = conn.request(raw)
+            timer = loop.call_later(self.timeout_s, _expire, fut, conn)
+            try:
+                status, t_first, reply = await fut
+            finally:
+                timer.cancel()
+            ok, _, err = _judge(status, reply)
+            conn.on_first = None
+            self.pool.put(i, conn)
+        except (OSError, _HttpError, asyncio.TimeoutError) as e:
+            if conn is not None and conn.transport is not None:
+                conn.transport.close()
+            ok, t_first, err = False, float("nan"), repr(e)[:300]
+        te = time.perf_counter()
+        if not first_seen:
+            chooser.on_first_token(req, i)
+        chooser.on_done(req, i)
+        r = Result(req.index, req.group, i, ok, t_first - ts, te - ts, ts - self.t0, err)
+        self.stats.results.append(r)
+        if self.on_result is not None:
+            self.on_result(r)
+        return r
+
+
 async def drive(requests: list[Request], offsets_wall: list[float], urls: list[str],
                 chooser: Chooser, model: str, max_concurrency: int, timeout_s: float,
                 on_result: Callable[[Result], None] | None = None,
                 stats: RunStats | None = None) -> RunStats:
     """Send every request at its offset (wall seconds), at most max_concurrency at once.
     `stats` (optional) is filled in as it goes, for progress lines."""
-    targets = [Target.parse(u) for u in urls]
-    pool = _Pool(targets)
     sem = asyncio.Semaphore(max_concurrency)
     stats = stats if stats is not None else RunStats()
-    loop = asyncio.get_running_loop()
-    t0 = time.perf_counter()
+    sender = _Sender([Target.parse(u) for u in urls], chooser, model, timeout_s, stats,
+                     on_result)
+    t0 = sender.t0
 
     async def one(req: Request) -> None:
         try:
-            i = chooser.choose(req)
-            body = orjson.dumps(req.chat_body(model))
-            raw = _raw_request(targets[i], CHAT_PATH, body)
-            ts = time.perf_counter()
-            conn: _Conn | None = None
-            first_seen = False
-
-            def first() -> None:
-                nonlocal first_seen
-                first_seen = True
-                chooser.on_first_token(req, i)
-
-            try:
-                conn = await pool.get(i)
-                conn.on_first = first
-                fut = conn.request(raw)
-                timer = loop.call_later(timeout_s, _expire, fut, conn)
-                try:
-                    status, t_first, reply = await fut
-                finally:
-                    timer.cancel()
-                ok, _, err = _judge(status, reply)
-                conn.on_first = None
-                pool.put(i, conn)
-            except (OSError, _HttpError, asyncio.TimeoutError) as e:
-                if conn is not None and conn.transport is not None:
-                    conn.transport.close()
-                ok, t_first, err = False, float("nan"), repr(e)[:300]
-            te = time.perf_counter()
-            if not first_seen:
-                chooser.on_first_token(req, i)
-            chooser.on_done(req, i)
-            r = Result(req.index, req.group, i, ok, t_first - ts, te - ts, ts - t0, err)
-            stats.results.append(r)
-            if on_result is not None:
-                on_result(r)
+            await sender.send(req)
         finally:
             stats.in_flight -= 1
             sem.release()
@@ -184,6 +201,52 @@ async def drive(requests: list[Request], offsets_wall: list[float], urls: list[s
     finally:
         for t in tasks:
             t.cancel()
-        pool.close()
+        sender.pool.close()
+    stats.wall_s = time.perf_counter() - t0
+    return stats
+
+
+async def drive_sessions(sessions: Sequence[Sequence[Any]], starts_wall: Sequence[float],
+                         thinks_wall: Sequence[Sequence[float]], urls: list[str],
+                         chooser: Chooser, model: str, max_concurrency: int, timeout_s: float,
+                         on_result: Callable[[Result], None] | None = None,
+                         stats: RunStats | None = None) -> RunStats:
+    """Closed-loop sessions: a session starts at its offset (wall seconds); each later
+    turn is sent `think` seconds after the previous turn's reply has ended (a user reads,
+    then types), so a slow cluster also slows the offered load, as real chat does. A
+    one-turn session is an open-loop request. Lateness counts the start and think
+    timers' oversleep only (waiting for a concurrency slot is by design)."""
+    sem = asyncio.Semaphore(max_concurrency)
+    stats = stats if stats is not None else RunStats()
+    sender = _Sender([Target.parse(u) for u in urls], chooser, model, timeout_s, stats,
+                     on_result)
+    t0 = sender.t0
+
+    async def sleep_until(at: float) -> None:
+        delay = at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+            stats.max_send_late_s = max(stats.max_send_late_s, time.perf_counter() - at)
+
+    async def session(turns: Sequence[Any], start: float, thinks: Sequence[float]) -> None:
+        await sleep_until(t0 + start)
+        for k, (req, think) in enumerate(zip(turns, thinks)):
+            if k:
+                await sleep_until(time.perf_counter() + think)
+            async with sem:
+                stats.in_flight += 1
+                try:
+                    await sender.send(req)
+                finally:
+                    stats.in_flight -= 1
+
+    tasks = [asyncio.create_task(session(t, s, th))
+             for t, s, th in zip(sessions, starts_wall, thinks_wall)]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        sender.pool.close()
     stats.wall_s = time.perf_counter() - t0
     return stats

@@ -19,6 +19,7 @@ setup holds. The published regime is kv_factor 0.5: 256 x 4096 prefix tokens nee
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import socket
@@ -38,6 +39,8 @@ N_ENGINES = 3
 BLOCK_SIZE = 16
 MAX_NUM_SEQS = 256
 MAX_NUM_BATCHED_TOKENS = 8192
+# SMG lives in its own venv (its dependencies must not touch the project's venv)
+SMG_VENV = Path(__file__).resolve().parents[2] / ".venv-smg"
 PUBLISHED_REGIME = 0.5  # kv_factor where prefixes need ~2.5x one engine's KV
 
 
@@ -97,7 +100,8 @@ def kv_event_addresses(base: int) -> list[tuple[str, str]]:
 
 def start_engines(logdir: Path, procs: list[Proc], num_blocks: int, time_scale: float,
                   seed: int, timeout_s: float = 30.0,
-                  kv_events_base: int | None = None) -> tuple[list[int], int]:
+                  kv_events_base: int | None = None,
+                  extra_args: tuple[str, ...] = ()) -> tuple[list[int], int]:
     *ports, admin = free_ports(N_ENGINES + 1)
     cmd = [sys.executable, "-m", "loadtest.simulator", "--engines", str(N_ENGINES),
            "--host", HOST, "--ports", ",".join(map(str, ports)), "--admin-port", str(admin),
@@ -107,6 +111,7 @@ def start_engines(logdir: Path, procs: list[Proc], num_blocks: int, time_scale: 
            "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--seed", str(seed)]
     if kv_events_base is not None:
         cmd += ["--kv-events-port-base", str(kv_events_base)]
+    cmd += list(extra_args)
     p = Proc("simulator", cmd, logdir)
     procs.append(p)
 
@@ -120,6 +125,9 @@ def start_engines(logdir: Path, procs: list[Proc], num_blocks: int, time_scale: 
 
 def unavailable(policy: Policy, sched_yaml: str | None) -> str | None:
     """Why a policy cannot run here (None: it can)."""
+    if policy.kind == "peer" and policy.peer == "smg":
+        exe = smg_binary()
+        return None if exe.exists() else f"{exe} missing: run `make peers-smg`"
     if policy.kind == "peer":
         return peer_available(policy.peer or "")
     return None
@@ -141,13 +149,19 @@ def _with_event_labels(config: str, ports: list[int], kv_events_base: int) -> st
 def start_router(logdir: Path, procs: list[Proc], ports: list[int], policy: Policy,
                  sched_yaml: str | None, timeout_s: float = 60.0,
                  kv_events_base: int | None = None,
-                 extra_args: tuple[str, ...] = ()) -> tuple[str, str]:
-    """Returns (proxy URL, admin URL)."""
+                 extra_args: tuple[str, ...] = (),
+                 lora_adapters: tuple[str, ...] = ()) -> tuple[str, str]:
+    """Returns (proxy URL, admin URL). `lora_adapters` go on the ModelRoute
+    (loraAdapters): the router sends them to the base model's ModelServer by name."""
     port, admin = free_ports(2)
     cfg = logdir / "router.yaml"
     routes = router_config(MODEL, ports)
     if kv_events_base is not None:
         routes = _with_event_labels(routes, ports, kv_events_base)
+    if lora_adapters:
+        old = f"  modelName: {MODEL}\n"
+        assert old in routes, "procs.router_config changed its route format"
+        routes = routes.replace(old, old + f"  loraAdapters: [{', '.join(lora_adapters)}]\n", 1)
     cfg.write_text(routes)
     extra: list[str] = []
     if sched_yaml is not None and policy.config_file is not None \
@@ -187,14 +201,17 @@ _PEER_ENV = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9",
 
 
 def start_peer(logdir: Path, procs: list[Proc], ports: list[int], peer: str,
-               timeout_s: float = 60.0) -> str:
-    """sglang-router / vllm-router with cache_aware (settings: peer-routers.md)."""
+               timeout_s: float = 60.0, policy: str = "cache_aware",
+               probe_model: str = MODEL) -> str:
+    """sglang-router / vllm-router / smg with `policy` (settings: peer-routers.md)."""
     port, prom = free_ports(2)
     workers = [f"http://{HOST}:{p}" for p in ports]
     common = ["--host", HOST, "--port", str(port), "--worker-urls", *workers,
-              "--policy", "cache_aware", "--prometheus-port", str(prom),
+              "--policy", policy, "--prometheus-port", str(prom),
               "--prometheus-host", HOST]
-    if peer == "sglang":
+    if peer == "smg":
+        cmd = [str(smg_binary()), "launch", *common, "--log-level", "warn"]
+    elif peer == "sglang":
         cmd = [sys.executable, "-m", "sglang_router.launch_router", *common,
                "--log-level", "warn"]
     else:
@@ -204,8 +221,14 @@ def start_peer(logdir: Path, procs: list[Proc], ports: list[int], peer: str,
     p = Proc(f"{peer}-router", cmd, logdir, env=_PEER_ENV)
     procs.append(p)
     url = f"http://{HOST}:{port}"
-    wait_until(lambda: probe_chat(url, MODEL), p, timeout_s, "a successful chat request")
+    wait_until(lambda: probe_chat(url, probe_model), p, timeout_s, "a successful chat request")
     return url
+
+
+def smg_binary() -> Path:
+    """SMG's command: $SMG_BIN, else the project's own venv (`make peers-smg`)."""
+    env = os.environ.get("SMG_BIN")
+    return Path(env) if env else SMG_VENV / "bin" / "smg"
 
 
 def engine_ttft_totals(engine_urls: list[str]) -> tuple[float, float]:

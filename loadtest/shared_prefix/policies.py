@@ -33,7 +33,8 @@ class Policy:
     kind: Kind
     scheduler_yaml: str | None = None  # routerConfiguration; None: the router's default
     router_args: tuple[str, ...] = ()
-    peer: str | None = None  # "sglang" | "vllm" for kind == "peer"
+    peer: str | None = None  # "sglang" | "vllm" | "smg" for kind == "peer"
+    peer_policy: str = "cache_aware"  # the peer's --policy
     note: str = ""
     kv_events: bool = False  # engines publish KV events and the router subscribes
     # the file scheduler_yaml was read from: passed as is, so that its relative paths
@@ -101,12 +102,21 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("direct", "direct", note="client round-robin straight to the engines"),
     Policy("sglang-cache-aware", "peer", peer="sglang"),
     Policy("vllm-router-cache-aware", "peer", peer="vllm"),
+    # SMG (PyPI `smg`, the SGLang model gateway) from its own venv (`make peers-smg`),
+    # its defaults otherwise
+    Policy("smg-cache-aware", "peer", peer="smg", note="smg 1.13.0, defaults"),
+    Policy("smg-least-load", "peer", peer="smg", peer_policy="least_load"),
+    Policy("smg-prefix-hash", "peer", peer="smg", peer_policy="prefix_hash"),
 )}
 
 # The issue's comparison, in table order.
 DEFAULT_POLICIES = ("random", "round-robin", "least-request", "gpu-usage", "least-latency",
                     "prefix-cache+least-request", "kvcache-aware+least-request", "best",
                     GREEDY, "sglang-cache-aware", "vllm-router-cache-aware")
+# issue 15's first comparison on the hard workloads (hard_runner.py)
+HARD_POLICIES = ("random", "least-request", "prefix-cache+least-request",
+                 "kvcache-aware+least-request", "sglang-cache-aware", "smg-cache-aware",
+                 "vllm-router-cache-aware")
 SWEEP_POLICIES = ("random", "kvcache-aware+least-request", "best", GREEDY)
 
 

@@ -44,9 +44,10 @@ from typing import Any
 
 from loadtest.procs import Proc, StartError, http
 from loadtest.loadgen import install_uvloop
-from . import cluster, policies, report
+from . import cluster, hard_runner, policies, report
 from .client import Chooser, Result, RoundRobin, RunStats, drive
 from .greedy import GreedyReference, group_prompt_tokens, prompt_shape
+from .hard_workloads import HARD_PROFILES
 from .workload import PROFILES, WorkloadSpec, arrival_times, generate, profile
 
 # Wall seconds per simulated second, per profile: slow enough that 2 cores keep the
@@ -60,7 +61,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m loadtest.shared_prefix.runner",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profile", default="ci", choices=list(PROFILES))
+    p.add_argument("--profile", default="ci", choices=[*PROFILES, *HARD_PROFILES],
+                   help="hard workloads of issue 15: " + ", ".join(HARD_PROFILES)
+                        + " (hard_workloads.py)")
     p.add_argument("--policies", default=None,
                    help=f"comma-separated (default: all; with --sweep: "
                         f"{','.join(policies.SWEEP_POLICIES)}); known: {', '.join(policies.POLICIES)}")
@@ -104,6 +107,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             extra[name] = policies.Policy(name, "router", text, note=f"candidate: {path}",
                                           config_file=Path(path).resolve())
     names = a.policies.split(",") if a.policies else list(
+        policies.HARD_POLICIES if a.profile in HARD_PROFILES else
         policies.SWEEP_POLICIES if a.sweep else policies.DEFAULT_POLICIES)
     try:
         a.policy_list = [extra.get(n.strip()) or policies.get(n.strip()) for n in names if n.strip()]
@@ -119,7 +123,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     else:
         a.kv_list = list(SWEEP_FACTORS) if a.sweep else [cluster.PUBLISHED_REGIME]
     if a.time_scale is None:
-        a.time_scale = DEFAULT_TIME_SCALE[a.profile]
+        a.time_scale = (HARD_PROFILES[a.profile].time_scale if a.profile in HARD_PROFILES
+                        else DEFAULT_TIME_SCALE[a.profile])
     return a
 
 
@@ -184,7 +189,8 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
                                                         extra_args=tuple(a.router_arg))
             urls = [url]
         elif pol.kind == "peer":
-            urls = [cluster.start_peer(logdir, procs, ports, pol.peer or "")]
+            urls = [cluster.start_peer(logdir, procs, ports, pol.peer or "",
+                                       policy=pol.peer_policy)]
         elif pol.kind == "direct":
             urls, chooser = engine_urls, RoundRobin(len(ports))
         else:
@@ -370,7 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     logdir = Path(tempfile.mkdtemp(prefix="shared-prefix-"))
     ok = False
     try:
-        asyncio.run(bench(a, logdir))
+        if a.profile in HARD_PROFILES:
+            asyncio.run(hard_runner.bench(a, HARD_PROFILES[a.profile], logdir))
+        else:
+            asyncio.run(bench(a, logdir))
         ok = True
     except StartError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -54,6 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-loras", type=int, default=4)
     p.add_argument("--lora", action="extend", nargs="+", default=[], metavar="NAME",
                    help="LoRA adapters loaded at start")
+    # vLLM's split: --max-loras adapters per batch (GPU slots), --max-cpu-loras registered
+    p.add_argument("--max-cpu-loras", type=int, default=None,
+                   help="adapters registered per engine (default: --max-loras)")
+    p.add_argument("--lora-load-ms", type=float, default=0.0,
+                   help="simulated ms to load an adapter into a free GPU slot")
     p.add_argument("--dp-ranks", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calibration", default=None, help="calibration JSON (default: shipped)")
@@ -108,8 +113,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--kv-bandwidth-gbps and the --kv-*-timeout-s must be > 0")
     if a.kv_load_failure_policy == "recompute" and a.flavour == "sglang":
         p.error("--kv-load-failure-policy recompute is vLLM's; SGLang fails the request")
-    if len(a.lora) > a.max_loras:
-        p.error(f"{len(a.lora)} --lora adapters exceed --max-loras {a.max_loras}")
+    limit, flag = ((a.max_loras, "--max-loras") if a.max_cpu_loras is None
+                   else (a.max_cpu_loras, "--max-cpu-loras"))
+    if len(a.lora) > limit:
+        p.error(f"{len(a.lora)} --lora adapters exceed {flag} {limit}")
+    if a.max_cpu_loras is not None and a.max_cpu_loras < a.max_loras:
+        p.error("--max-cpu-loras must be >= --max-loras")
     try:
         a.fault_list = parse_fault_spec(orjson.loads(a.faults) if a.faults else {}, a.engines)
     except (orjson.JSONDecodeError, FaultError) as e:
@@ -150,7 +159,8 @@ def make_engines(a: argparse.Namespace, index: int, codec) -> list[Any]:
     wanted = dict(model=a.model, block_size=a.block_size, max_num_seqs=a.max_num_seqs,
                   max_num_batched_tokens=a.max_num_batched_tokens, num_gpu_blocks=a.kv_blocks,
                   max_model_len=a.max_model_len, time_scale=a.time_scale,
-                  calibration_path=a.calibration, max_loras=a.max_loras)
+                  calibration_path=a.calibration, max_loras=a.max_loras,
+                  lora_load_s=a.lora_load_ms / 1000.0)
     known = {f.name for f in dataclasses.fields(EngineConfig)}
     engines = []
     for rank in range(a.dp_ranks):
@@ -165,7 +175,8 @@ async def run(a: argparse.Namespace) -> None:
     servers = []
     for i, port in enumerate(a.port_list):
         cfg = ServerConfig(index=i, host=a.host, port=port, model=a.model, flavour=a.flavour,
-                           max_loras=a.max_loras, loras=list(a.lora),
+                           max_loras=a.max_loras, max_cpu_loras=a.max_cpu_loras,
+                           loras=list(a.lora),
                            max_model_len=a.max_model_len, block_size=a.block_size,
                            max_num_seqs=a.max_num_seqs,
                            max_num_batched_tokens=a.max_num_batched_tokens, seed=a.seed,

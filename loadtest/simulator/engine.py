@@ -50,6 +50,7 @@ class EngineConfig:
     seed: int = 0
     calibration_path: str | None = None  # default: calibration/h200-llama3-8b.json here
     max_loras: int | None = None  # distinct LoRA adapters per batch; None: no limit
+    lora_load_s: float = 0.0  # loading an adapter into a GPU slot (simulated seconds)
 
 
 def compute_num_gpu_blocks(cfg: EngineConfig) -> int:
@@ -201,6 +202,7 @@ class EngineSnapshot:
     block_size: int = 16
     cached_blocks: int = 0  # blocks findable by hash (in use or free)
     evictions_total: int = 0
+    lora_loads_total: int = 0  # adapters loaded into a GPU slot
 
 
 class Engine:
@@ -217,6 +219,7 @@ class Engine:
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 enable_prefix_caching=config.enable_prefix_caching,
                 max_loras=config.max_loras,
+                lora_load_s=config.lora_load_s,
             ),
             self.kv,
             self.cost,
@@ -347,6 +350,7 @@ class Engine:
             block_size=kv.block_size,
             cached_blocks=kv.num_cached_blocks,
             evictions_total=kv.evictions_total,
+            lora_loads_total=st.lora_loads_total,
         )
 
 

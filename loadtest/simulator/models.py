@@ -41,9 +41,10 @@ class ModelEndpoints:
         if name in self.loras or name == self.cfg.model:
             raise ApiError(400, f"The lora adapter '{name}' has already been loaded.",
                            param="lora_name")
-        if len(self.loras) >= self.cfg.max_loras:
+        limit = self.cfg.max_cpu_loras or self.cfg.max_loras
+        if len(self.loras) >= limit:
             raise ApiError(400, f"Cannot load LoRA adapter '{name}': max_loras="
-                           f"{self.cfg.max_loras} adapters are already loaded.",
+                           f"{limit} adapters are already loaded.",
                            param="lora_name")
         self.loras[name] = path
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")

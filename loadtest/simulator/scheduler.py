@@ -15,7 +15,9 @@ Each step (schedule()):
    budget, max_num_seqs, the LoRA limit and free blocks allow; the prefix cache is
    looked up at admission (full blocks only, at most len(tokens) - 1 tokens, so that
    at least one token is computed); a sequence with a LoRA that would exceed max_loras
-   is skipped and keeps its place.
+   is skipped and keeps its place. The GPU holds max_loras adapter slots (LRU): admitting
+   a sequence whose adapter is not in a slot loads it (evicting the least recently used
+   one not in the batch) and adds `lora_load_s` to that step, as vLLM's LRU GPU cache does.
 Full blocks get their hashes registered when scheduled (as vLLM does), so later
 admissions, even in the same step, can hit them.
 
@@ -26,7 +28,7 @@ request's first admission only (re-admissions after preemption are not counted).
 from __future__ import annotations
 
 import bisect
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from .cost_model import CostModel
@@ -125,6 +127,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     enable_prefix_caching: bool = True
     max_loras: int | None = None
+    lora_load_s: float = 0.0  # simulated seconds to load an adapter into a GPU slot
 
 
 @dataclass
@@ -145,6 +148,7 @@ class SchedulerStats:
     generation_tokens_total: int = 0
     preemptions_total: int = 0
     requests_finished_total: int = 0
+    lora_loads_total: int = 0  # adapters loaded into a GPU slot
     ttft: HistogramAcc = field(default_factory=lambda: HistogramAcc(TTFT_BUCKETS))
     itl: HistogramAcc = field(default_factory=lambda: HistogramAcc(ITL_BUCKETS))
     e2e: HistogramAcc = field(default_factory=lambda: HistogramAcc(E2E_BUCKETS))
@@ -159,6 +163,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.by_id: dict[str, list[Sequence]] = {}
         self.stats = SchedulerStats()
+        self.lora_slots: OrderedDict[str, None] = OrderedDict()  # LRU, at most max_loras
 
     # --- requests -------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -254,6 +259,7 @@ class Scheduler:
         seqs: list[Sequence] = []
         nums: list[int] = []
         n_dec = ctx_sum = pf_tokens = 0
+        load_s = 0.0
         chunks: list[tuple[int, int]] = []
         not_before = 0.0
         preempted = False
@@ -334,6 +340,7 @@ class Scheduler:
                 running.append(seq)
                 if loras is not None and seq.lora is not None:
                     loras.add(seq.lora)
+                    load_s += self._use_slot(seq.lora, loras)
                 if seq.arrival > not_before:
                     not_before = seq.arrival
                 seqs.append(seq)
@@ -346,8 +353,21 @@ class Scheduler:
 
         if not seqs:
             return None
-        duration = self.cost.step_seconds(n_dec, ctx_sum, pf_tokens, chunks)
+        duration = self.cost.step_seconds(n_dec, ctx_sum, pf_tokens, chunks) + load_s
         return StepPlan(seqs, nums, duration, not_before, n_dec, pf_tokens)
+
+    def _use_slot(self, lora: str, batch: set[str]) -> float:
+        """Mark `lora` used; load it into a slot if absent (-> its load time)."""
+        slots = self.lora_slots
+        if lora in slots:
+            slots.move_to_end(lora)
+            return 0.0
+        slots[lora] = None
+        limit = self.cfg.max_loras or len(slots)
+        for victim in [v for v in slots if v not in batch][:max(0, len(slots) - limit)]:
+            del slots[victim]
+        self.stats.lora_loads_total += 1
+        return self.cfg.lora_load_s
 
     def commit(self, plan: StepPlan, t_end: float) -> None:
         """Apply a step that ended at simulated time t_end: sample tokens, finish."""

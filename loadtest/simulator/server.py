@@ -54,6 +54,7 @@ class ServerConfig:
     model: str
     flavour: str = "vllm"            # vllm | sglang
     max_loras: int = 4
+    max_cpu_loras: int | None = None  # registered adapters (vLLM's); None: max_loras
     loras: list[str] = field(default_factory=list)
     max_model_len: int = 131072
     block_size: int = 16
@@ -492,6 +493,8 @@ class EngineServer(RequestValidation, ProbeEndpoints, ResponsesEndpoints, ModelE
                           "prefix_queries_total": s.prefix_queries_total,
                           "prefix_hits_total": s.prefix_hits_total,
                           "preemptions_total": s.preemptions_total,
+                          "lora_loads_total": getattr(s, "lora_loads_total", 0),
+                          "requests_finished_total": s.requests_finished_total,
                           "lag_seconds": s.lag_seconds, "lag_max_seconds": s.lag_max_seconds,
                           "steps_total": s.steps_total, "busy_fraction": s.busy_fraction})
 

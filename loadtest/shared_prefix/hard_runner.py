@@ -1,0 +1,241 @@
+"""Cells of the hard workloads (issue 15): `runner.py --profile zipf|multiturn|mixed|bursts|lora`.
+
+Same cell discipline as runner.run_cell (fresh engines per cell, seed-major order, lag and
+error rejection, simulated-time figures), with what these workloads need on top: the
+closed-loop session driver, per-profile engine arguments (LoRA slots) and KV size, the
+ModelRoute's loraAdapters, and per-engine figures for every policy (requests finished,
+prefix hits / queries, LoRA loads, and queue length over time), read from the simulator,
+so that a cell routed by a peer can be explained as well as one routed by us.
+The greedy reference and `direct` are not defined for these workloads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from loadtest.procs import Proc
+from . import cluster, policies, report
+from .hard_plots import plot_load
+from .client import Chooser, Result, RunStats, drive_sessions
+from .hard_workloads import HardSpec, HardRequest
+
+PER_ENGINE = ("requests_finished_total", "prefix_hits_total", "prefix_queries_total",
+              "lora_loads_total", "preemptions_total")
+
+
+def _per_engine(states: list[dict[str, Any]]) -> dict[str, list[float]]:
+    return {k: [sum(r.get(k, 0) for r in s["ranks"]) for s in states] for k in PER_ENGINE}
+
+
+def _percentile(vals: list[float], q: float) -> float | None:
+    if not vals:
+        return None
+    v = sorted(vals)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+async def run_hard_cell(a: argparse.Namespace, spec: HardSpec, pol: policies.Policy,
+                        sched_yaml: str | None, seed: int,
+                        logdir: Path) -> tuple[dict[str, Any], list[float]]:
+    spec = replace(spec, seed=seed)
+    k = a.time_scale
+    plan = spec.plan()
+    reqs = plan.requests
+    by_index: dict[int, HardRequest] = {r.index: r for r in reqs}
+    procs: list[Proc] = []
+    timeline: list[tuple[float, list[int]]] = []  # (sim s, running + waiting per engine)
+    needs_events = pol.kv_events or policies.uses_kv_events(sched_yaml)
+    kv_fallbacks: float | None = None
+    try:
+        ev_base = cluster.free_port_block(2 * cluster.N_ENGINES) if needs_events else None
+        ports, admin = cluster.start_engines(logdir, procs, spec.kv_blocks, k, seed,
+                                             kv_events_base=ev_base,
+                                             extra_args=spec.engine_args)
+        admin_url = f"http://127.0.0.1:{admin}"
+        engine_urls = [f"http://127.0.0.1:{p}" for p in ports]
+        router_admin: str | None = None
+        if pol.kind == "router":
+            url, router_admin = cluster.start_router(
+                logdir, procs, ports, pol, sched_yaml, kv_events_base=ev_base,
+                extra_args=tuple(a.router_arg), lora_adapters=spec.lora_adapters)
+        else:
+            url = cluster.start_peer(logdir, procs, ports, pol.peer or "",
+                                     policy=pol.peer_policy)
+        states0 = await asyncio.to_thread(cluster.engine_states, admin_url)
+        ttft0 = await asyncio.to_thread(cluster.engine_ttft_totals, engine_urls)
+        live = RunStats()
+        done = [0, 0]
+
+        def on_result(r: Result) -> None:
+            done[0] += 1
+            done[1] += not r.ok
+
+        t0 = time.perf_counter()
+        run = asyncio.create_task(drive_sessions(
+            plan.sessions, [s * k for s in plan.starts],
+            [[t * k for t in th] for th in plan.thinks], [url], Chooser(), cluster.MODEL,
+            spec.max_concurrency, a.request_timeout, on_result, live))
+        while not run.done():
+            await asyncio.wait({run}, timeout=1.0)
+            st = await asyncio.to_thread(cluster.engine_states, admin_url)
+            t_sim = (time.perf_counter() - t0) / k
+            timeline.append((round(t_sim, 3), [int(s["running"] + s["waiting"]) for s in st]))
+            if not a.quiet and len(timeline) % 5 == 0:
+                print(f"  [{spec.name} {pol.name} s{seed}] {done[0]}/{len(reqs)} done "
+                      f"({done[1]} failed), {live.in_flight} in flight, queues "
+                      f"{timeline[-1][1]}, lag max "
+                      f"{max(s['lag_max_seconds'] for s in st):.3f}s", file=sys.stderr,
+                      flush=True)
+        stats = run.result()
+        states1 = await asyncio.to_thread(cluster.engine_states, admin_url)
+        ttft1 = await asyncio.to_thread(cluster.engine_ttft_totals, engine_urls)
+        if router_admin is not None and needs_events:
+            kv_fallbacks = await asyncio.to_thread(
+                cluster.router_counter, router_admin, "kthena_router_kvcache_aware_fallback_total")
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+    pe0, pe1 = _per_engine(states0), _per_engine(states1)
+    per_engine = {key: [b - a_ for a_, b in zip(pe0[key], pe1[key])] for key in PER_ENGINE}
+    hits, queries = sum(per_engine["prefix_hits_total"]), sum(per_engine["prefix_queries_total"])
+    ok = [r for r in stats.results if r.ok]
+    sim_s = stats.wall_s / k
+    lag_max = max(s["lag_max_seconds"] for s in states1)
+    send_late = stats.max_send_late_s / k
+    errors: dict[str, int] = {}
+    for r in stats.results:
+        if not r.ok:
+            key = (r.error or "?")[:120]
+            errors[key] = errors.get(key, 0) + 1
+    reason = None
+    if errors:
+        top = max(errors, key=errors.__getitem__)
+        reason = f"{sum(errors.values())} requests failed (most: {errors[top]} x {top})"
+    elif lag_max > a.max_lag * sim_s:
+        reason = f"engine lag {lag_max:.3f}s > {a.max_lag:.0%} of the {sim_s:.1f}s run"
+    elif send_late > a.max_lag * sim_s:
+        reason = f"sender {send_late:.3f}s behind schedule > {a.max_lag:.0%} of the run"
+    ttfts = [r.ttft_s / k for r in ok]
+    metrics = report.cell_metrics(ttfts, [r.e2e_s / k for r in ok], sim_s, hits, queries)
+    # output tokens per simulated second: the throughput figure when request sizes differ
+    metrics["output_tok_s"] = sum(by_index[r.index].max_tokens for r in ok) / sim_s
+    kinds: dict[str, list[float]] = {}
+    for r in ok:
+        kinds.setdefault(by_index[r.index].kind, []).append(r.ttft_s / k)
+    cell: dict[str, Any] = {
+        "policy": pol.name, "seed": seed, "kv_factor": 1.0, "kv_blocks": spec.kv_blocks,
+        "accepted": reason is None, "reject_reason": reason,
+        "requests": len(reqs), "completed": len(stats.results), "ok": len(ok),
+        "errors": errors, "wall_s": stats.wall_s, "sim_duration_s": sim_s,
+        "engine_lag_max_s": lag_max, "send_late_max_s": send_late,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "prefix_hits": hits, "prefix_queries": queries, "metrics": metrics,
+        "per_engine": per_engine,
+        "per_engine_hit_rate": [h / q if q else None for h, q in
+                                zip(per_engine["prefix_hits_total"],
+                                    per_engine["prefix_queries_total"])],
+        "ttft_p90_by_kind_s": {kd: _percentile(v, 0.9) for kd, v in sorted(kinds.items())},
+        "queue_timeline": timeline,
+        "ttft_samples_s": [round(x, 5) for x in ttfts],
+    }
+    n_eng = ttft1[1] - ttft0[1]
+    if ttfts and n_eng > 0:
+        cell["engine_ttft_mean_s"] = (ttft1[0] - ttft0[0]) / n_eng
+        cell["added_ttft_mean_ms"] = 1000.0 * (sum(ttfts) / len(ttfts) - cell["engine_ttft_mean_s"])
+    if needs_events:
+        cell["kvcache_aware_fallbacks"] = kv_fallbacks
+    return cell, ttfts
+
+
+def _cell_line(spec: HardSpec, cell: dict[str, Any]) -> str:
+    m = cell["metrics"]
+    verdict = "ok" if cell["accepted"] else f"REJECTED ({cell['reject_reason']})"
+    pe = cell["per_engine"]
+    hr = " ".join("-" if h is None else f"{100 * h:.0f}%" for h in cell["per_engine_hit_rate"])
+    return (f"{spec.name} {cell['policy']} seed={cell['seed']}: {cell['ok']}/{cell['requests']} ok, "
+            f"{m['req_s']:.2f} req/s, {m['output_tok_s']:.0f} out tok/s, TTFT mean "
+            f"{m['ttft_mean_s'] or math.nan:.3f}s p90 {m['ttft_p90_s'] or math.nan:.3f}s, hit "
+            f"{100 * (m['hit_rate'] or 0):.1f}%, per engine reqs "
+            f"{[int(x) for x in pe['requests_finished_total']]} hit {hr}, lag "
+            f"{cell['engine_lag_max_s']:.3f}s, load {cell['load_avg_1m']:.1f} -> {verdict}")
+
+
+async def bench(a: argparse.Namespace, spec: HardSpec, logdir: Path) -> dict[str, Any]:
+    summary: dict[str, Any] = {
+        "profile": spec.name, "workload": spec.to_json(), "time_scale": a.time_scale,
+        "engines": cluster.N_ENGINES, "block_size": cluster.BLOCK_SIZE, "model": cluster.MODEL,
+        "max_lag_fraction": a.max_lag, "seeds": a.seed_list, "router_args": a.router_arg,
+        "tables": [],
+    }
+    a.out.mkdir(parents=True, exist_ok=True)
+    block: dict[str, Any] = {"kv_factor": 1.0, "kv_blocks": spec.kv_blocks, "rows": {}}
+    summary["tables"].append(block)
+    runnable = []
+    for pol in a.policy_list:
+        sched = a.overrides.get(pol.name, pol.scheduler_yaml)
+        why = cluster.unavailable(pol, sched)
+        if why is None and pol.kind not in ("router", "peer"):
+            why = "not defined for the hard workloads"
+        if why is not None:
+            print(f"skip {pol.name}: {why}", file=sys.stderr)
+            block["rows"][pol.name] = {"skipped": why}
+        else:
+            runnable.append((pol, sched))
+    cells: dict[str, list[dict[str, Any]]] = {pol.name: [] for pol, _ in runnable}
+    ttfts: dict[str, list[float]] = {}
+    for seed in a.seed_list:  # seed-major, as runner.bench
+        for pol, sched in runnable:
+            cell_dir = logdir / f"{pol.name}-s{seed}"
+            cell_dir.mkdir(parents=True, exist_ok=True)
+            cell, tt = await run_hard_cell(a, spec, pol, sched, seed, cell_dir)
+            cells[pol.name].append(cell)
+            print(_cell_line(spec, cell), file=sys.stderr, flush=True)
+            if cell["accepted"]:
+                ttfts.setdefault(pol.name, []).extend(tt)
+    for pol, _ in runnable:
+        good = [c for c in cells[pol.name] if c["accepted"]]
+        agg = report.aggregate(good)
+        vals = [c["metrics"]["output_tok_s"] for c in good]
+        agg["output_tok_s"] = ({"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals)}
+                               if vals else {"mean": None, "min": None, "max": None})
+        block["rows"][pol.name] = {"seeds_run": len(cells[pol.name]), "seeds_ok": len(good),
+                                   "aggregate": agg, "cells": cells[pol.name]}
+    if ttfts:
+        report.plot_ttft(a.out / f"ttft_{spec.name}.png", ttfts,
+                         f"TTFT, workload {spec.name}, time scale {a.time_scale:g}")
+    plot_load(a.out / f"load_{spec.name}.png", cells,
+              f"Per-engine queue over time, workload {spec.name} (seed {a.seed_list[0]})")
+    report.write_json(a.out / "results.json", summary)
+    (a.out / "results.md").write_text(report.markdown(summary) + "\n" + per_engine_md(summary))
+    return summary
+
+
+def per_engine_md(summary: dict[str, Any]) -> str:
+    """Per-engine requests / hit rate / LoRA loads per cell (what explains a cell)."""
+    lines = ["| policy | seed | out tok/s | requests per engine | hit rate per engine | "
+             "LoRA loads per engine | TTFT p90 by kind (s) | added TTFT (ms) | lag (s) | "
+             "load |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for block in summary["tables"]:
+        for name, row in block["rows"].items():
+            for c in row.get("cells", []):
+                pe = c["per_engine"]
+                hr = " / ".join("-" if h is None else f"{100 * h:.0f}%"
+                                for h in c["per_engine_hit_rate"])
+                kinds = ", ".join(f"{kd} {v:.3g}" for kd, v in c["ttft_p90_by_kind_s"].items()
+                                  if v is not None)
+                lines.append(f"| {name} | {c['seed']}{'' if c['accepted'] else ' (rejected)'} | "
+                             f"{c['metrics']['output_tok_s']:.0f} | "
+                             f"{' / '.join(str(int(x)) for x in pe['requests_finished_total'])} | "
+                             f"{hr} | {' / '.join(str(int(x)) for x in pe['lora_loads_total'])} | "
+                             f"{kinds} | {c.get('added_ttft_mean_ms', math.nan):.0f} | "
+                             f"{c['engine_lag_max_s']:.2f} | {c['load_avg_1m']:.1f} |")
+    return "\n".join(lines) + "\n"
