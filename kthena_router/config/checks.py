@@ -206,6 +206,32 @@ def check_duration(c: ErrorSink, v: Any, path: str) -> float | None:
     return seconds
 
 
+def positive_duration(c: ErrorSink, v: Any, path: str, default: float, lo: float | None = None,
+                      hi: float | None = None) -> float:
+    """A duration above 0 (within [lo, hi] when given, in seconds); `default` when absent, or
+    when invalid (the error is recorded)."""
+    if v is None:
+        return default
+    s = check_duration(c, v, path)
+    if s is None:
+        return default
+    if lo is not None or hi is not None:
+        low, high = lo or 0.0, hi if hi is not None else float("inf")
+        if not low <= s <= high:
+            c.err(path, f"must be between {low:g}s and {high:g}s, got {v!r}")
+            return default
+    elif s <= 0:
+        c.err(path, f"must be greater than 0, got {v!r}")
+        return default
+    return s
+
+
+def is_host_port(address: str) -> bool:
+    """`host:port` with a port in 1..65535."""
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+
 def check_timestamp(c: ErrorSink, v: Any, path: str) -> datetime | None:
     if v is None:
         return None

@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from ..config.checks import check_list, check_str, type_name
-from ..config.duration import parse_duration
+from ..config.checks import check_list, check_str, positive_duration, type_name
 from ..config.errors import ConfigError
 from .jwks import JwksDoc, load_jwks_file
 from .keys import KeySet, load_keys_file
@@ -83,23 +82,6 @@ class Collector(Protocol):
 def _claim(c: Collector, v: Any, path: str) -> str:
     s = check_str(c, v, path)
     return s.strip() if s else ""
-
-
-def _duration(c: Collector, v: Any, path: str, default: float) -> float:
-    if v is None:
-        return default
-    if not isinstance(v, str):
-        c.err(path, f"must be a duration string like \"30s\", got {type_name(v)} {v!r}")
-        return default
-    try:
-        s = parse_duration(v)
-    except ValueError as e:
-        c.err(path, str(e))
-        return default
-    if s <= 0:
-        c.err(path, f"must be greater than 0, got {v!r}")
-        return default
-    return s
 
 
 def _path(c: Collector, v: Any, path: str, base_dir: Path) -> str:
@@ -182,9 +164,9 @@ def parse_auth(c: Collector, v: Any, base_dir: Path) -> AuthConfig | None:
         clock_skew_s=float(skew), required_claims=tuple(required), user_claim=user_claim,
         tenant_claim=_claim(c, v.get("tenantClaim"), "auth.tenantClaim"),
         priority_claim=_claim(c, v.get("priorityClaim"), "auth.priorityClaim"),
-        jwks_refresh_s=_duration(c, v.get("jwksRefreshInterval"), "auth.jwksRefreshInterval", 300.0),
-        jwks_refetch_min_s=_duration(c, v.get("jwksRefetchMinInterval"), "auth.jwksRefetchMinInterval", 30.0),
-        jwks_timeout_s=_duration(c, v.get("jwksTimeout"), "auth.jwksTimeout", 5.0),
+        jwks_refresh_s=positive_duration(c, v.get("jwksRefreshInterval"), "auth.jwksRefreshInterval", 300.0),
+        jwks_refetch_min_s=positive_duration(c, v.get("jwksRefetchMinInterval"), "auth.jwksRefetchMinInterval", 30.0),
+        jwks_timeout_s=positive_duration(c, v.get("jwksTimeout"), "auth.jwksTimeout", 5.0),
         api_keys_file=keys_file,
         keys=_load(c, keys_file, "auth.apiKeysFile", load_keys_file) if keys_file else None,
         jwks=_load(c, jwks_file, "auth.jwksFile", load_jwks_file) if jwks_file else None,

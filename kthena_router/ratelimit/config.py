@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from ..config.checks import check_enum, check_int, check_mapping, check_str, join_path, type_name
-from ..config.duration import parse_duration
+from ..config.checks import check_enum, check_int, check_mapping, check_str, is_host_port, join_path, \
+    positive_duration, type_name
 
 __all__ = ["UNIT_SECONDS", "Limit", "KeyLimits", "LimitSet", "RateLimitSettings", "parse_rate_limits",
            "parse_key_limits", "parse_limit", "route_key"]
@@ -139,23 +139,6 @@ def parse_limit(c: Collector, v: Any, path: str, *, allow_off: bool = False) -> 
     return limit
 
 
-def _duration(c: Collector, v: Any, path: str, default: float) -> float:
-    if v is None:
-        return default
-    if not isinstance(v, str):
-        c.err(path, f"must be a duration string like \"1s\", got {type_name(v)} {v!r}")
-        return default
-    try:
-        s = parse_duration(v)
-    except ValueError as exc:
-        c.err(path, str(exc))
-        return default
-    if s <= 0:
-        c.err(path, f"must be greater than 0, got {v!r}")
-        return default
-    return s
-
-
 def _limit_set(c: Collector, base: LimitSet, m: dict[str, Any], path: str, override: bool) -> LimitSet:
     """`base` with the set-level fields present in `m` replaced."""
     changes: dict[str, Any] = {}
@@ -197,7 +180,7 @@ def parse_rate_limits(c: Collector, v: Any) -> RateLimitSettings:
         r = check_mapping(c, m["redis"], "rateLimits.redis", ("address",), required=("address",))
         if r is not None and r.get("address") is not None:
             redis_address = check_str(c, r["address"], "rateLimits.redis.address")
-            if redis_address is not None and not _host_port(redis_address):
+            if redis_address is not None and not is_host_port(redis_address):
                 c.err("rateLimits.redis.address", f"must be host:port, got {redis_address!r}")
     lease = m.get("leasePercent", 1.0)
     if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 <= lease <= 100:
@@ -223,9 +206,9 @@ def parse_rate_limits(c: Collector, v: Any) -> RateLimitSettings:
     return RateLimitSettings(
         defaults=defaults, routes=MappingProxyType(routes), redis_address=redis_address,
         lease_percent=float(lease),
-        lease_idle_s=_duration(c, m.get("leaseIdle"), "rateLimits.leaseIdle", 1.0),
-        redis_timeout_s=_duration(c, m.get("redisTimeout"), "rateLimits.redisTimeout", 0.25),
-        redis_retry_s=_duration(c, m.get("redisRetry"), "rateLimits.redisRetry", 1.0))
+        lease_idle_s=positive_duration(c, m.get("leaseIdle"), "rateLimits.leaseIdle", 1.0),
+        redis_timeout_s=positive_duration(c, m.get("redisTimeout"), "rateLimits.redisTimeout", 0.25),
+        redis_retry_s=positive_duration(c, m.get("redisRetry"), "rateLimits.redisRetry", 1.0))
 
 
 def parse_key_limits(c: Collector, v: Any, path: str) -> KeyLimits | None:
@@ -241,8 +224,3 @@ def parse_key_limits(c: Collector, v: Any, path: str) -> KeyLimits | None:
     if limit is None and cap is None:
         return None
     return KeyLimits(limit, cap)
-
-
-def _host_port(address: str) -> bool:
-    host, sep, port = address.rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..config.checks import check_int, check_mapping, check_str, join_path, type_name
-from ..config.duration import parse_duration
+from ..config.checks import check_int, check_mapping, check_str, is_host_port, join_path, positive_duration, \
+    type_name
 
 __all__ = ["SharedIndexSettings", "parse_shared_index"]
 
@@ -44,28 +44,6 @@ class SharedIndexSettings:
     redis_retry_s: float = 1.0
 
 
-def _duration(c: Collector, v: Any, path: str, default: float, lo: float, hi: float) -> float:
-    if v is None:
-        return default
-    if not isinstance(v, str):
-        c.err(path, f"must be a duration string like \"100ms\", got {type_name(v)} {v!r}")
-        return default
-    try:
-        s = parse_duration(v)
-    except ValueError as exc:
-        c.err(path, str(exc))
-        return default
-    if not lo <= s <= hi:
-        c.err(path, f"must be between {lo:g}s and {hi:g}s, got {v!r}")
-        return default
-    return s
-
-
-def _host_port(address: str) -> bool:
-    host, sep, port = address.rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
-
-
 def parse_shared_index(c: Collector, v: Any) -> SharedIndexSettings | None:
     """The section (None: absent, each replica keeps its own index only)."""
     if v is None:
@@ -78,16 +56,16 @@ def parse_shared_index(c: Collector, v: Any) -> SharedIndexSettings | None:
         r = check_mapping(c, m["redis"], "sharedPrefixIndex.redis", ("address",), required=("address",))
         if r is not None and r.get("address") is not None:
             address = check_str(c, r["address"], "sharedPrefixIndex.redis.address")
-            if address is not None and not _host_port(address):
+            if address is not None and not is_host_port(address):
                 c.err("sharedPrefixIndex.redis.address", f"must be host:port, got {address!r}")
                 address = None
     key = check_str(c, m.get("key"), "sharedPrefixIndex.key") or "kthena:prefix-index"
     p = "sharedPrefixIndex"
     # sub-millisecond periods would spin the event loop; hours would make the index useless
-    sync = _duration(c, m.get("syncInterval"), join_path(p, "syncInterval"), 0.05, 0.001, 60.0)
-    ttl = _duration(c, m.get("ttl"), join_path(p, "ttl"), 300.0, 1.0, 7 * 86400.0)
-    timeout = _duration(c, m.get("redisTimeout"), join_path(p, "redisTimeout"), 0.25, 0.001, 60.0)
-    retry = _duration(c, m.get("redisRetry"), join_path(p, "redisRetry"), 1.0, 0.001, 3600.0)
+    sync = positive_duration(c, m.get("syncInterval"), join_path(p, "syncInterval"), 0.05, 0.001, 60.0)
+    ttl = positive_duration(c, m.get("ttl"), join_path(p, "ttl"), 300.0, 1.0, 7 * 86400.0)
+    timeout = positive_duration(c, m.get("redisTimeout"), join_path(p, "redisTimeout"), 0.25, 0.001, 60.0)
+    retry = positive_duration(c, m.get("redisRetry"), join_path(p, "redisRetry"), 1.0, 0.001, 3600.0)
     if ttl <= sync:
         c.err(join_path(p, "ttl"), f"must be longer than syncInterval ({sync:g}s)")
     max_entries = check_int(c, m.get("maxEntries"), join_path(p, "maxEntries"), 100, 10**9)
