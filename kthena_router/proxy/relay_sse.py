@@ -135,11 +135,11 @@ class SseStreamRelay:
             metrics.observe_tokens(x.model_label, x.path_label, x.att_prompt_tokens, completion)
             metrics.observe_endpoint_tokens(x.server_label, x.endpoint_label, x.input_endpoint, x.att_prompt_tokens,
                                             None if completion is None else max(0, completion - counted))
-        elif counted:  # no usage: the events stand for the tokens
-            metrics.observe_endpoint_tokens(x.server_label, x.endpoint_label, "", None, pending)
             if completion is not None and completion > 1 and failure is None:
                 x.att_tpot = (t_last - t_first) / (completion - 1)
                 metrics.observe_tpot(x.model_label, x.path_label, x.att_tpot)
+        elif counted:  # no usage: the events stand for the tokens
+            metrics.observe_endpoint_tokens(x.server_label, x.endpoint_label, "", None, pending)
         return None if failure is None else AttemptFailure(failure, detail or "after the first event")
 
 
