@@ -225,6 +225,9 @@ class AdminServer:
             behind = [pid for pid in pids if by_pid[pid].digest == kube.presync_digest]
             if behind:
                 return False, f"workers not yet on the first Kubernetes sync: {behind}"
+        warming = [f"{pid}: {by_pid[pid].warming}" for pid in pids if by_pid[pid].warming]
+        if warming:
+            return False, f"workers warming up ({'; '.join(warming)})"
         return True, "ok"
 
     # --- handlers --------------------------------------------------------------------

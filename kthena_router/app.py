@@ -47,6 +47,7 @@ from kthena_router.fairness.config import FairnessSettings
 from kthena_router.fairness.gate import FairnessGate
 from kthena_router.fairness.metrics import FairnessMetrics
 from kthena_router.gc_tuning import GcMonitor, freeze_startup_heap
+from kthena_router.warmup import WarmupGate
 from kthena_router.identity.service import IdentityService
 from kthena_router.loop_lag import LoopLagSampler
 from kthena_router.metrics import RouterMetrics, ensure_multiprocess
@@ -185,6 +186,10 @@ def create_app(settings: RouterSettings | None = None) -> RouterApp:
         kv_usage = KvUsagePublisher(metrics)  # the scraper runs only with a router configuration
         applier.after_swap.append(kv_usage.on_state)
         reloader.snapshot_listeners.append(kv_usage.on_snapshot)
+        warmup: WarmupGate | None = WarmupGate(settings, reloader)
+        applier.after_swap.append(warmup.on_state)
+    else:
+        warmup = None
     gc_monitor = GcMonitor(metrics.registry)
     loop_lag = LoopLagSampler(metrics.registry, on_tick=[gc_monitor.flush])
 
@@ -257,6 +262,8 @@ def create_app(settings: RouterSettings | None = None) -> RouterApp:
             yield
         finally:
             gc_monitor.stop()
+            if warmup is not None:
+                await warmup.close()
             await debug.close()
             if link is not None:
                 await link.client.close()

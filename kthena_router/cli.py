@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "prefix index (auto), or every worker on its own (off)")
     p.add_argument("--scrape-interval-s", type=float, default=d.scrape_interval_s,
                    help="engine /metrics + /v1/models scrape period (with --router-config)")
+    p.add_argument("--warmup-timeout-s", type=float, default=d.warmup_timeout_s,
+                   help="longest wait of /readyz at start for the engines' first scrape and KV-event "
+                        "streams (with --router-config)")
     p.add_argument("--hot-spot-abs", type=float, default=d.hot_spot_abs,
                    help="hot-spot guard: absolute load excess (requests) before load beats affinity")
     p.add_argument("--hot-spot-rel", type=float, default=d.hot_spot_rel,
@@ -124,6 +127,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         upstream_pool_size=args.upstream_pool_size,
         router_config_path=args.router_config_path,
         scrape_interval_s=args.scrape_interval_s,
+        warmup_timeout_s=args.warmup_timeout_s,
         pod_state=args.pod_state,
         hot_spot_abs=args.hot_spot_abs,
         hot_spot_rel=args.hot_spot_rel,

@@ -84,6 +84,9 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     endpoints and no engine scraping (step-1 behaviour). Read once per worker at start."""
     scrape_interval_s: float = 1.0
     """Period of each endpoint's /metrics + /v1/models scrape (only with a router config)."""
+    warmup_timeout_s: float = 10.0
+    """With a router configuration, /readyz waits at most this long after the first config
+    with endpoints for every engine's first scrape and KV-event stream (warmup.py)."""
     hot_spot_abs: float = 64.0
     """Hot-spot guard: the affinity choice must be more than this many requests busier ...
     (64 as sglang-router's balance_abs_threshold; smaller values break affinity on normal
@@ -187,6 +190,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise SettingsError(f"drain_grace_s must be >= 0, got {self.drain_grace_s}")
         if self.pod_state not in ("auto", "off"):
             raise SettingsError(f"pod_state must be auto or off, got {self.pod_state!r}")
+        if self.warmup_timeout_s < 0:
+            raise SettingsError(f"warmup_timeout_s must be >= 0, got {self.warmup_timeout_s}")
         if self.scrape_interval_s <= 0:
             raise SettingsError(f"scrape_interval_s must be > 0, got {self.scrape_interval_s}")
         if self.hot_spot_abs < 0 or self.hot_spot_rel < 1:

@@ -38,6 +38,9 @@ class WorkerStatus(msgspec.Struct, kw_only=True):
     pod_state: str = ""
     """"hub": engine state from the pod-state hub; "local": this worker scrapes and probes
     itself (hub down); "": no hub (one worker, or --pod-state off)."""
+    warming: str = ""
+    """What the worker still waits for before it takes traffic (first scrapes, KV-event
+    streams; bounded, warmup.py), "" once warm. /readyz fails while any worker warms up."""
 
 
 def _path(runtime_dir: str, pid: int) -> Path:
@@ -59,8 +62,8 @@ def _read_one(path: Path) -> WorkerStatus | None:
 
 
 _started_at = 0.0  # set on the first report of this process
-_router_digest = ""  # router configuration in use, carried into every report
-_pod_state = ""  # carried into every report
+# fields every report of this process carries (a report rewrites the whole file)
+_carried: dict[str, str] = {"router_digest": "", "pod_state": "", "warming": ""}
 
 
 def report_applied(settings: "RouterSettings", digest: str) -> None:
@@ -72,35 +75,36 @@ def report_applied(settings: "RouterSettings", digest: str) -> None:
     _started_at = _started_at or now
     _write(
         settings.runtime_dir,
-        WorkerStatus(pid=os.getpid(), digest=digest, router_digest=_router_digest, applied_at=now,
-                     started_at=_started_at, updated_at=now, pod_state=_pod_state),
+        WorkerStatus(pid=os.getpid(), digest=digest, applied_at=now, started_at=_started_at,
+                     updated_at=now, **_carried),
     )
+
+
+def _carry(settings: "RouterSettings", clear_error: bool = False, **fields: str) -> None:
+    """Remember `fields` for every later report and rewrite the current one with them."""
+    _carried.update(fields)
+    if not settings.runtime_dir:
+        return
+    previous = _read_one(_path(settings.runtime_dir, os.getpid()))
+    if previous is None:
+        return  # the first report_applied carries them
+    status = msgspec.structs.replace(previous, updated_at=time.time(), **fields)
+    _write(settings.runtime_dir, msgspec.structs.replace(status, last_error=None) if clear_error else status)
 
 
 def report_router_config_applied(settings: "RouterSettings", digest: str) -> None:
     """Worker side: the router configuration with `digest` is now in use."""
-    global _router_digest
-    _router_digest = digest
-    if not settings.runtime_dir:
-        return
-    previous = _read_one(_path(settings.runtime_dir, os.getpid()))
-    if previous is None:
-        return  # the first report_applied carries it
-    now = time.time()
-    _write(settings.runtime_dir,
-           msgspec.structs.replace(previous, router_digest=digest, last_error=None, updated_at=now))
+    _carry(settings, clear_error=True, router_digest=digest)
 
 
 def report_pod_state(settings: "RouterSettings", mode: str) -> None:
     """Worker side: where its engine state comes from now ("hub" or "local")."""
-    global _pod_state
-    _pod_state = mode
-    if not settings.runtime_dir:
-        return
-    previous = _read_one(_path(settings.runtime_dir, os.getpid()))
-    if previous is None:
-        return  # the first report_applied carries it
-    _write(settings.runtime_dir, msgspec.structs.replace(previous, pod_state=mode, updated_at=time.time()))
+    _carry(settings, pod_state=mode)
+
+
+def report_warming(settings: "RouterSettings", reason: str) -> None:
+    """Worker side: what it still waits for before it is ready (warmup.py); "" when done."""
+    _carry(settings, warming=reason)
 
 
 def report_failed(settings: "RouterSettings", error: str) -> None:
@@ -109,7 +113,7 @@ def report_failed(settings: "RouterSettings", error: str) -> None:
         return
     previous = _read_one(_path(settings.runtime_dir, os.getpid()))
     now = time.time()
-    status = previous or WorkerStatus(pid=os.getpid(), digest="", router_digest=_router_digest, applied_at=0.0)
+    status = previous or WorkerStatus(pid=os.getpid(), digest="", applied_at=0.0, **_carried)
     _write(settings.runtime_dir, msgspec.structs.replace(status, last_error=error, updated_at=now))
 
 

@@ -96,6 +96,10 @@ class EngineStateScraper:
             self.observed.remove(key)
 
     # --- reading -----------------------------------------------------------------------
+    def keys(self) -> list[str]:
+        """The endpoints scraped now."""
+        return list(self._targets)
+
     def get(self, key: str) -> EndpointSnapshot | None:
         """The endpoint's snapshot (aged: stale if too old), None before its first scrape."""
         tracker = self._trackers.get(key)

@@ -146,6 +146,10 @@ class KvAwareMatcher:
             self._up.discard(i)
         self._refresh_down()
 
+    def streams_not_up(self) -> set[str]:
+        """Endpoint keys whose event stream is not up (connecting, syncing or down)."""
+        return {self._keys[i] for i in self._down_ids}
+
     def _refresh_down(self) -> None:
         self._down_ids = frozenset(i for i in self._keys if i not in self._up)
 

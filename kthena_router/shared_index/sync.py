@@ -144,6 +144,7 @@ class SharedIndexSync:
         self.pending: deque[tuple[str, BlockHashes]] = deque(maxlen=settings.max_pending)
         self.last_id = f"{max(0, int((time.time() - settings.ttl_s) * 1000))}-0"  # warm start
         self.down_until = 0.0
+        self.first_round_done = False  # the first round trip answered or failed (warmup.py)
         self._task: asyncio.Task[None] | None = None
         self._errors = metrics.errors.labels(settings.redis_address)
         metrics.up.set(1)
@@ -192,6 +193,7 @@ class SharedIndexSync:
             res = await asyncio.wait_for(pipe.execute(), s.redis_timeout_s)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             self._failed(exc, batch)
+            self.first_round_done = True
             return False
         self.metrics.round_trip.observe(time.perf_counter() - t0)
         if self.down_until:
@@ -202,7 +204,9 @@ class SharedIndexSync:
             self.metrics.published.inc(len(batch))
         entries = res[-1][0][1] if res[-1] else []
         self._merge(entries, now_ms)
-        return len(entries) >= READ_COUNT
+        full = len(entries) >= READ_COUNT
+        self.first_round_done = self.first_round_done or not full  # caught up with the stream
+        return full
 
     def _take(self) -> list[tuple[str, list[int]]]:
         # collapse repeats of one chain on one endpoint within the batch (same group's

@@ -5,11 +5,10 @@ replica A are routed by replica B to the engines A chose (B never saw them; A's 
 spread over the engines, sent together, so B's own tie-break cannot reproduce them).
 Prefix-cache outweighs least-request here: a load snapshot B scraped while A's requests
 ran must not pull B off the prefix's engine (this test is about sharing, not balance).
-Every router has scraped every engine before the first request: an endpoint not scraped yet
-is stale (load unknown = worst), so least-request gives it nothing and the hot-spot guard
-moves even an exact prefix match off it. Each engine's first scrape comes up to one scrape
-interval after /readyz (a random phase), so without that wait a burst right after start
-piles on the engines scraped first, and a replica's first requests leave the prefix's engine.
+Every router has scraped every engine before the first request (/readyz waits for it,
+warmup.py): an endpoint not scraped yet is stale (load unknown = worst), so least-request
+gives it nothing and the hot-spot guard moves even an exact prefix match off it; a burst
+right after start would pile on the engines scraped first.
 Redis killed: routing continues on each replica's local index (requests succeed, local
 affinity holds), the outage shows in the metrics; Redis back: the dispatches buffered
 meanwhile reach the other replica. Which engine served a request: the simulator's
@@ -95,8 +94,7 @@ def setup(tmp_path: Path) -> Iterator[tuple[harness.Simulator, redis_harness.Red
     try:
         for r in routers:
             r.wait_ready()
-        for r in routers:
-            harness.wait_until(lambda r=r: scraped_all(r, sim), 30, what="every engine scraped")
+            assert scraped_all(r, sim), "ready before its first scrape of every engine"
         yield sim, redis, routers
     finally:
         for r in routers:
