@@ -146,8 +146,8 @@ def test_bench_overhead_smoke(tmp_path: Path) -> None:
     assert cmp["headline"]["throughput_ratio_at_c4"] > 0
     assert cmp["headline"]["cpu_ms_per_req_at_c1"] is not None
     assert set(cmp["by_concurrency"]) == {"1", "4"}
-    assert isinstance(r["goals"]["added_p50_at_c1_le_1ms"], bool)
-    assert isinstance(r["goals"]["router_cpu_per_req_le_1ms"], bool)
+    # no peer ran: every target check is undecided (None), never a silent pass
+    assert r["goals"]["all_runs"]["router"] and set(r["goals"]["all_runs"]["router"].values()) == {None}
     assert r["meta"]["router_process_tree_size"] >= 2  # supervisor + at least one worker
     text = md.read_text()
     assert "| router | stream |" in text and "added p99 c=4 plain" in text
