@@ -38,6 +38,13 @@ class BlockHashes:
     def __init__(self, hashes: list[int]) -> None: ...
     def __len__(self) -> int: ...
     def tolist(self) -> list[int]: ...
+    def to_bytes(self) -> bytes:
+        """The hashes as little-endian u64 words (8 bytes a block): what the pod-state link
+        and the shared prefix index send, without a Python int per block."""
+    @staticmethod
+    def from_bytes(data: bytes | memoryview) -> BlockHashes:
+        """The inverse of `to_bytes`, from bytes or any contiguous byte buffer. ValueError
+        unless the length is a multiple of 8."""
 
 class PrefixIndex:
     """Which endpoint (u32 id) holds which block hash; per-endpoint LRU capacity in entries.

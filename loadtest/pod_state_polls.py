@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from loadtest.procs import Proc, http, start_router, start_simulator
@@ -27,9 +29,29 @@ scheduler:
       - {name: least-request, weight: 1}
 """
 ENGINES = 3
+KINDS = ("health", "metrics")  # the simulator's poll counters: probes, scrapes
+Polls = list[dict[str, int]]  # an engine's poll counters, per engine
 
 
-def polls(admin: int) -> list[dict[str, int]]:
+def poller_args(logdir: Path, interval: float) -> list[str]:
+    """Router arguments for a poll count (also tests/integration/test_pod_state_hub.py):
+    ROUTER_CONFIG (written to `logdir`), scrape and probe period `interval` seconds."""
+    rc = logdir / "router-configuration.yaml"
+    rc.write_text(ROUTER_CONFIG)
+    return ["--router-config", str(rc), "--scrape-interval-s", str(interval),
+            "--health-probe-interval-s", str(interval)]
+
+
+def count_polls(read: Callable[[], Polls], window: float) -> tuple[Polls, float]:
+    """The probes and scrapes each engine served during `window` seconds (`read` returns
+    the engines' counters), and the window measured."""
+    before, t0 = read(), time.monotonic()
+    time.sleep(window)
+    after, dt = read(), time.monotonic() - t0
+    return [{k: a[k] - b[k] for k in KINDS} for a, b in zip(after, before)], dt
+
+
+def polls(admin: int) -> Polls:
     out = []
     for i in range(ENGINES):
         status, body = http("GET", f"http://127.0.0.1:{admin}/admin/engines/{i}/state")
@@ -42,17 +64,11 @@ def measure(workers: int, mode: str, window: float, interval: float, logdir: Pat
     procs: list[Proc] = []
     try:
         _, ports, admin = start_simulator(ENGINES, "demo", "", logdir, procs, 60)
-        rc = logdir / "router-configuration.yaml"
-        rc.write_text(ROUTER_CONFIG)
         start_router(f"router-w{workers}-{mode}", "demo", workers,
-                     f"--router-config {rc} --pod-state {mode} --scrape-interval-s {interval} "
-                     f"--health-probe-interval-s {interval}", logdir, ports, procs, 90)
+                     shlex.join([*poller_args(logdir, interval), "--pod-state", mode]), logdir, ports, procs, 90)
         time.sleep(2 * interval)  # past the start-up probes
-        before, t0 = polls(admin), time.monotonic()
-        time.sleep(window)
-        after, dt = polls(admin), time.monotonic() - t0
-        per = {k: sum(a[k] - b[k] for a, b in zip(after, before)) / ENGINES / dt for k in ("health", "metrics")}
-        return per
+        counts, dt = count_polls(lambda: polls(admin), window)
+        return {k: sum(c[k] for c in counts) / ENGINES / dt for k in KINDS}
     finally:
         for p in reversed(procs):
             p.stop()

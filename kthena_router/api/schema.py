@@ -9,7 +9,7 @@ router both read these declarations (docs/crds.md).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -89,9 +89,6 @@ class Node:
 
     def required(self, *, crd_only: bool = False) -> tuple[str, ...]:
         return tuple(f.name for f in self.properties if f.required and (f.crd or not crd_only))
-
-    def with_(self, **kw: Any) -> Node:
-        return replace(self, **kw)
 
 
 # --- constructors --------------------------------------------------------------------------

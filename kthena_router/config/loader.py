@@ -257,16 +257,26 @@ class _Builder:
         return dataclasses.replace(cfg, warnings=tuple(warnings), route_conflicts=tuple(_route_conflicts(routes)))
 
 
-def _route_conflicts(routes: tuple[ModelRoute, ...]) -> list[RouteConflict]:
-    """Every (route, name) where another route is tried first (RouteTable's order)."""
-    claims: dict[str, list[ModelRoute]] = {}
-    lora_claims: dict[str, list[ModelRoute]] = {}
+Claims = dict[str, list[ModelRoute]]
+
+
+def _claims(routes: tuple[ModelRoute, ...], *, own_name_as_adapter: bool) -> tuple[Claims, Claims]:
+    """The routes claiming each name, in config order: as modelName, and as LoRA adapter
+    (a route's adapter named like its own modelName only with `own_name_as_adapter`)."""
+    claims: Claims = {}
+    lora_claims: Claims = {}
     for r in routes:
         if r.model_name:
             claims.setdefault(r.model_name, []).append(r)
         for a in r.lora_adapters:
-            if a != r.model_name:
+            if own_name_as_adapter or a != r.model_name:
                 lora_claims.setdefault(a, []).append(r)
+    return claims, lora_claims
+
+
+def _route_conflicts(routes: tuple[ModelRoute, ...]) -> list[RouteConflict]:
+    """Every (route, name) where another route is tried first (RouteTable's order)."""
+    claims, lora_claims = _claims(routes, own_name_as_adapter=False)
     out: list[RouteConflict] = []
     for lora, table in ((False, claims), (True, lora_claims)):
         for name, rs in table.items():
@@ -285,13 +295,7 @@ def _route_conflicts(routes: tuple[ModelRoute, ...]) -> list[RouteConflict]:
 
 def _conflict_warnings(routes: tuple[ModelRoute, ...]) -> list[str]:
     """Describe names claimed by more than one route (the order RouteTable tries them)."""
-    claims: dict[str, list[ModelRoute]] = {}
-    lora_claims: dict[str, list[ModelRoute]] = {}
-    for r in routes:
-        if r.model_name:
-            claims.setdefault(r.model_name, []).append(r)
-        for a in r.lora_adapters:
-            lora_claims.setdefault(a, []).append(r)
+    claims, lora_claims = _claims(routes, own_name_as_adapter=True)
     out: list[str] = []
     for kind, table in (("model", claims), ("LoRA adapter", lora_claims)):
         for name, rs in table.items():

@@ -15,7 +15,6 @@ from .checks import (
     check_str,
     check_string_match,
     join_path,
-    refuse,
     type_name,
 )
 from ..api.modelroute import MODEL_ROUTE, RATE_UNITS, SESSION_SOURCE_TYPES

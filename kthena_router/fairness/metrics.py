@@ -9,9 +9,9 @@ own label value, later ones share "_other"; the anonymous tenant is "_anonymous"
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kthena_router.metric_labels import LabelChildren
 
 MAX_TENANT_LABELS = 100
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -45,7 +45,7 @@ class FairnessMetrics:
             "Requests refused or dropped by the fair queue; reason: queue_full, max_wait, client_disconnect",
             ["model_server", "tenant", "priority", "reason"], registry=registry)
         self._tenants: set[str] = set()
-        self._children: dict[tuple[Any, ...], Any] = {}
+        self._child = LabelChildren()
 
     def tenant_label(self, tenant: str) -> str:
         if not tenant:
@@ -56,13 +56,6 @@ class FairnessMetrics:
             self._tenants.add(tenant)
             return tenant
         return "_other"
-
-    def _child(self, family: Any, *labels: str) -> Any:
-        key = (id(family), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = family.labels(*labels)
-        return child
 
     def set_queue_size(self, server: str, priority: str, n: int) -> None:
         self._child(self.queue_size, server, priority).set(n)

@@ -1,15 +1,15 @@
 """Authentication metrics, registered on the router's registry (multiprocess mode).
 
 Kept next to the code that counts them (as gc_tuning.py and loop_lag.py do); label
-children are cached because `.labels()` costs a lock per call on the hot path. Label
+children are cached (metric_labels.py). Label
 values are bounded: source in {api_key, jwt, none}, result in auth.REASONS + "ok".
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from kthena_router.metric_labels import LabelChildren
 
 
 class AuthMetrics:
@@ -33,13 +33,10 @@ class AuthMetrics:
         self.jwks_keys = Gauge(
             "kthena_router_auth_jwks_keys", "Verification keys in the current JWKS",
             multiprocess_mode="livemin", registry=reg)
-        self._children: dict[tuple[str, str], Any] = {}
+        self._child = LabelChildren()
 
     def result(self, source: str, result: str) -> None:
-        child = self._children.get((source, result))
-        if child is None:
-            child = self._children[(source, result)] = self.results.labels(source, result)
-        child.inc()
+        self._child(self.results, source, result).inc()
 
     def keys_reload(self, ok: bool, count: int | None = None) -> None:
         self.keys_reloads.labels("success" if ok else "failure").inc()

@@ -24,7 +24,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -145,35 +145,30 @@ class LeaderElector:
         spec.update(holderIdentity=self.identity, leaseDurationSeconds=math.ceil(self.lease_duration),
                     renewTime=_micro_time(now))
         body = {"apiVersion": f"{_GROUP}/{_VERSION}", "kind": "Lease", "metadata": lease["metadata"], "spec": spec}
-        try:
-            written = await self._api.replace_namespaced_custom_object(
-                _GROUP, _VERSION, self.namespace, _PLURAL, self.name, body, _request_timeout=timeout)
-        except ApiException as e:
-            if e.status != 409:  # 409: another replica wrote first; re-read next round
-                log.warning("%s: writing Lease %s/%s: HTTP %s", self.identity, self.namespace, self.name, e.status)
-            return False
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-            log.warning("%s: writing Lease %s/%s: %r", self.identity, self.namespace, self.name, e)
-            return False
-        self._renewed(written, sent)
-        return True
+        return await self._write("writing", self._api.replace_namespaced_custom_object(
+            _GROUP, _VERSION, self.namespace, _PLURAL, self.name, body, _request_timeout=timeout), sent)
 
     async def _create(self, now: datetime, sent: float, timeout: float) -> bool:
         body = {"apiVersion": f"{_GROUP}/{_VERSION}", "kind": "Lease",
                 "metadata": {"name": self.name, "namespace": self.namespace},
                 "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": math.ceil(self.lease_duration),
                          "acquireTime": _micro_time(now), "renewTime": _micro_time(now), "leaseTransitions": 0}}
+        return await self._write("creating", self._api.create_namespaced_custom_object(
+            _GROUP, _VERSION, self.namespace, _PLURAL, body, _request_timeout=timeout), sent)
+
+    async def _write(self, what: str, call: Awaitable[dict[str, Any]], sent: float) -> bool:
+        """Await a create or replace of the Lease; True if it was written (this replica
+        holds it from `sent` on)."""
         try:
-            created = await self._api.create_namespaced_custom_object(
-                _GROUP, _VERSION, self.namespace, _PLURAL, body, _request_timeout=timeout)
+            lease = await call
         except ApiException as e:
-            if e.status != 409:  # 409: created by another replica in between
-                log.warning("%s: creating Lease %s/%s: HTTP %s", self.identity, self.namespace, self.name, e.status)
+            if e.status != 409:  # 409: another replica created or wrote it first; re-read next round
+                log.warning("%s: %s Lease %s/%s: HTTP %s", self.identity, what, self.namespace, self.name, e.status)
             return False
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-            log.warning("%s: creating Lease %s/%s: %r", self.identity, self.namespace, self.name, e)
+            log.warning("%s: %s Lease %s/%s: %r", self.identity, what, self.namespace, self.name, e)
             return False
-        self._renewed(created, sent)
+        self._renewed(lease, sent)
         return True
 
     def _renewed(self, lease: dict[str, Any], sent: float) -> None:

@@ -20,10 +20,9 @@ its dashboards work. Ours, kthena_router_pd_*, carry the ModelServer:
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from kthena_router.metric_labels import LabelChildren
 from kthena_router.metrics import DURATION_BUCKETS, TTFT_BUCKETS
 
 __all__ = ["PdMetrics"]
@@ -54,14 +53,7 @@ class PdMetrics:
         self.hop_failures = Counter(
             "kthena_router_pd_hop_failures_total", "Failed PD hops by side and reason",
             ["model_server", "side", "reason"], registry=registry)
-        self._children: dict[tuple[Any, ...], Any] = {}
-
-    def _child(self, family: Any, *key: str) -> Any:
-        ck = (id(family), *key)
-        child = self._children.get(ck)
-        if child is None:
-            child = self._children[ck] = family.labels(*key)
-        return child
+        self._child = LabelChildren()
 
     def prefill_hop(self, model: str, path: str, status: str, seconds: float) -> None:
         self._child(self.prefill, model, path, status).observe(seconds)

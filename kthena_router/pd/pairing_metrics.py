@@ -5,9 +5,9 @@ Labels are bounded: ModelServers, their PD groups, roles, modes.
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from kthena_router.metric_labels import LabelChildren
 
 from .topology import PdTopology
 
@@ -33,16 +33,9 @@ class PdPairingMetrics:
             "First choice of the pairing per request: mode=two_hop (prefill then decode) or "
             "decode_only (conditional disaggregation: few uncached prompt tokens)",
             ["model_server", "mode"], registry=registry)
-        self._children: dict[tuple[Any, ...], Any] = {}
+        self._child = LabelChildren()
         self._series: set[tuple[str, str, str]] = set()  # endpoints series set so far
         self._servers: set[str] = set()
-
-    def _child(self, family: Any, *key: str) -> Any:
-        ck = (id(family), *key)
-        child = self._children.get(ck)
-        if child is None:
-            child = self._children[ck] = family.labels(*key)
-        return child
 
     def decision(self, server: str, mode: str) -> None:
         self._child(self.decisions, server, mode).inc()

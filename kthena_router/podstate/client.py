@@ -57,8 +57,8 @@ class PodStateClient:
         if self._writer is not None:
             self._writer.write(wire.frame(wire.TARGETS, wire.encode_targets(targets)))
 
-    def send_insert(self, key: str, hashes: list[int]) -> None:
-        """Queue one dispatch-time insert (endpoint key, chain hashes) for the hub."""
+    def send_insert(self, key: str, hashes: bytes) -> None:
+        """Queue one dispatch-time insert (endpoint key, `BlockHashes.to_bytes()`) for the hub."""
         if self._writer is None:
             return
         self._buf += wire.encode_insert(key, hashes)

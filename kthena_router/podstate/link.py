@@ -138,7 +138,7 @@ class PodStateLink:
 
     def _send_insert(self, key: str, hashes: BlockHashes) -> None:
         if self.client.connected:
-            self.client.send_insert(key, hashes.tolist())
+            self.client.send_insert(key, hashes.to_bytes())
 
     # --- incoming ----------------------------------------------------------------------------
     def _snapshot(self, snap: EndpointSnapshot) -> None:
@@ -160,10 +160,10 @@ class PodStateLink:
         if sched is None:
             return
         index, ids = sched.index, sched.endpoint_id
-        for key, hashes in wire.decode_inserts(payload):
+        for key, chain in wire.decode_inserts(payload):
             ep_id = ids(key)
-            if ep_id is not None and hashes:
-                index.insert(ep_id, BlockHashes(hashes))
+            if ep_id is not None and chain:
+                index.insert(ep_id, BlockHashes.from_bytes(chain))
                 self.inserts_applied += 1
 
     def _matcher(self) -> Any:

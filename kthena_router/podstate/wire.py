@@ -3,13 +3,13 @@
 Frame: u32 big-endian length of what follows, u8 type, payload. Payloads are msgpack
 except INSERTS, whose compact binary records the hub relays to the other workers without
 decoding: repeated [u16 key length][key utf-8][u32 n][n x u64 little-endian block hash].
+The hashes travel as bytes end to end (`BlockHashes.to_bytes()` / `BlockHashes.from_bytes`):
+no Python int per block on either side.
 """
 
 from __future__ import annotations
 
 import struct
-import sys
-from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +24,6 @@ KV_STORED, KV_REMOVED, KV_CLEARED, KV_UP, KV_DOWN = 1, 2, 3, 4, 5
 MAX_FRAME = 64 * 1024 * 1024  # a larger length means a corrupt stream: drop the connection
 HEADER = struct.Struct(">IB")
 _KLEN, _COUNT = struct.Struct("<H"), struct.Struct("<I")
-_LITTLE = sys.byteorder == "little"
 
 SSL_NONE, SSL_VERIFY, SSL_INSECURE = 0, 1, 2
 
@@ -46,17 +45,18 @@ def parse_header(head: bytes) -> tuple[int, int]:
 
 
 # --- INSERTS ---------------------------------------------------------------------------
-def encode_insert(key: str, hashes: Iterable[int]) -> bytes:
-    """One record: `key` (endpoint "ip:port") holds this chain of block hashes."""
-    arr = array("Q", hashes)
-    if not _LITTLE:
-        arr.byteswap()
+def encode_insert(key: str, hashes: bytes) -> bytes:
+    """One record: `key` (endpoint "ip:port") holds this chain of block hashes, given as
+    little-endian u64 words (`BlockHashes.to_bytes()`)."""
+    if len(hashes) % 8:
+        raise ValueError("block hashes must be little-endian u64 words")
     kb = key.encode()
-    return _KLEN.pack(len(kb)) + kb + _COUNT.pack(len(arr)) + arr.tobytes()
+    return _KLEN.pack(len(kb)) + kb + _COUNT.pack(len(hashes) // 8) + hashes
 
 
-def decode_inserts(payload: bytes | memoryview) -> Iterator[tuple[str, list[int]]]:
-    """The records of an INSERTS payload, in order. FrameError on a truncated record."""
+def decode_inserts(payload: bytes | memoryview) -> Iterator[tuple[str, bytes]]:
+    """The records of an INSERTS payload, in order: (key, chain as little-endian u64 words,
+    for `BlockHashes.from_bytes`). FrameError on a truncated record."""
     view = memoryview(payload)
     pos, end = 0, len(view)
     while pos < end:
@@ -72,12 +72,8 @@ def decode_inserts(payload: bytes | memoryview) -> Iterator[tuple[str, list[int]
         pos += 4
         if pos + 8 * n > end:
             raise FrameError("truncated insert record")
-        arr = array("Q")
-        arr.frombytes(view[pos:pos + 8 * n])
-        if not _LITTLE:
-            arr.byteswap()
+        yield key, bytes(view[pos:pos + 8 * n])
         pos += 8 * n
-        yield key, arr.tolist()
 
 
 # --- TARGETS -----------------------------------------------------------------------------

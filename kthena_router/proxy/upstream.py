@@ -170,8 +170,8 @@ class H1Conn(asyncio.Protocol):
                 at = idle_at
         else:
             self.timer_at_deadline = True
-        # One timer across a stream's waits: re-arming per read (call_at + cancel, ~2-5 us
-        # each in uvloop) cost more than anything else per relayed event. A timer set by an
+        # One timer across a stream's waits: re-arming per read (call_at + cancel) cost more
+        # than anything else per relayed event (figures: docs/overhead.md). A timer set by an
         # earlier wait fires early at worst, and re-arms for the current wait's bound.
         self.wait_at = at
         if at is not None and (self.timer is None or self.timer_due > at):

@@ -5,9 +5,9 @@ Labels are bounded: routes, reasons, Redis addresses; never tenants, users or ke
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter
+
+from kthena_router.metric_labels import LabelChildren
 
 
 class RateLimitMetrics:
@@ -29,14 +29,7 @@ class RateLimitMetrics:
             "kthena_router_ratelimit_redis_errors_total",
             "Failed calls to a rate-limit Redis (each marks it down for redisRetry)",
             ["address"], registry=registry)
-        self._children: dict[tuple[Any, ...], Any] = {}
-
-    def child(self, family: Any, *key: str) -> Any:
-        ck = (id(family), *key)
-        child = self._children.get(ck)
-        if child is None:
-            child = self._children[ck] = family.labels(*key)
-        return child
+        self.child = LabelChildren()  # (family, *labels) -> the cached child
 
     def decision(self, route: str, result: str, reason: str = "") -> None:
         self.child(self.decisions, route, result, reason).inc()

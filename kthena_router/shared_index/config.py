@@ -20,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..config.checks import check_int, check_mapping, check_str, is_host_port, join_path, positive_duration, \
-    type_name
+from ..config.checks import check_int, check_mapping, check_str, is_host_port, join_path, positive_duration
 
 __all__ = ["SharedIndexSettings", "parse_shared_index"]
 

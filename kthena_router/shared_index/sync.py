@@ -11,8 +11,8 @@ Measurements against a per-request MGET: docs/scale-out.md.
 
 Layout in Redis: one stream (`key`). An entry is a batch of one replica's dispatches:
 fields `r` (the publishing worker's id, to skip its own) and `d` (records, each
-`u8 len | endpoint "ip:port" | u32 n | n x u64 chain hashes`, little-endian). The chain
-hashes are the router's prefix hashes (seeded by model and LoRA: replicas agree without
+`u8 len | endpoint "ip:port" | u32 n | n x u64 chain hashes`, little-endian: the bytes of
+`BlockHashes.to_bytes()`, no Python int per block). The chain hashes are the router's prefix hashes (seeded by model and LoRA: replicas agree without
 coordination) and endpoints are named by address, the same in every replica. Bounded and
 approximate: XADD trims entries older than `ttl` (MINID, approximate), XTRIM caps the
 length at `maxEntries`, the key expires `ttl` after the last publish, readers skip entries
@@ -31,10 +31,8 @@ import asyncio
 import contextlib
 import logging
 import struct
-import sys
 import time
 import uuid
-from array import array
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -57,7 +55,7 @@ READ_COUNT = 64  # stream entries per read; a full read is followed by another a
 RECORDS_PER_ENTRY = 256  # dispatch records per stream entry
 _HDR = struct.Struct("<B")
 _N = struct.Struct("<I")
-assert array("Q").itemsize == 8
+Record = tuple[str, bytes]  # (endpoint "ip:port", chain as little-endian u64 words)
 
 
 class IndexTarget(Protocol):
@@ -91,23 +89,19 @@ class SharedIndexMetrics:
                                     registry=registry)
 
 
-def encode(records: list[tuple[str, list[int]]]) -> bytes:
+def encode(records: list[Record]) -> bytes:
     out = bytearray()
-    for ep_key, hashes in records:
+    for ep_key, chain in records:
         ep = ep_key.encode()
         if len(ep) > 255:  # not an ip:port
             continue
-        words = array("Q", hashes)
-        out += _HDR.pack(len(ep)) + ep + _N.pack(len(words))
-        if sys.byteorder != "little":
-            words.byteswap()
-        out += words.tobytes()
+        out += _HDR.pack(len(ep)) + ep + _N.pack(len(chain) // 8) + chain
     return bytes(out)
 
 
-def decode(blob: bytes) -> list[tuple[str, list[int]]]:
+def decode(blob: bytes) -> list[Record]:
     """Records of one entry; a truncated tail (a corrupt entry) ends the list."""
-    out: list[tuple[str, list[int]]] = []
+    out: list[Record] = []
     view = memoryview(blob)
     i = 0
     while i < len(view):
@@ -120,11 +114,7 @@ def decode(blob: bytes) -> list[tuple[str, list[int]]]:
         k = j + 4 + 8 * n
         if k > len(view):
             break
-        words = array("Q")
-        words.frombytes(view[j + 4:k])
-        if sys.byteorder != "little":
-            words.byteswap()
-        out.append((ep, words.tolist()))
+        out.append((ep, bytes(view[j + 4:k])))
         i = k
     return out
 
@@ -208,14 +198,15 @@ class SharedIndexSync:
         self.first_round_done = self.first_round_done or not full  # caught up with the stream
         return full
 
-    def _take(self) -> list[tuple[str, list[int]]]:
+    def _take(self) -> list[Record]:
         # collapse repeats of one chain on one endpoint within the batch (same group's
-        # requests): the other replicas' LRU needs it once per round
-        seen: dict[tuple[str, int, int], tuple[str, list[int]]] = {}
+        # requests): the other replicas' LRU needs it once per round. A chain is known by
+        # its length and last hash (the hash of the whole prefix).
+        seen: dict[tuple[str, int, bytes], Record] = {}
         while self.pending:
             ep_key, hashes = self.pending.popleft()
-            h = hashes.tolist()
-            seen[(ep_key, len(h), h[-1])] = (ep_key, h)
+            chain = hashes.to_bytes()
+            seen[(ep_key, len(chain), chain[-8:])] = (ep_key, chain)
         return list(seen.values())
 
     def _merge(self, entries: list[Any], now_ms: int) -> None:
@@ -230,15 +221,15 @@ class SharedIndexSync:
             self.last_id = eid
             if fields.get(b"r") == self.replica or int(eid.split("-", 1)[0]) < oldest:
                 continue
-            for ep_key, hashes in decode(fields.get(b"d", b"")):
+            for ep_key, chain in decode(fields.get(b"d", b"")):
                 ep_id = target.endpoint_id(ep_key)
-                if ep_id is not None and hashes:  # endpoints this replica does not route to are skipped
-                    index.insert(ep_id, BlockHashes(hashes))
+                if ep_id is not None and chain:  # endpoints this replica does not route to are skipped
+                    index.insert(ep_id, BlockHashes.from_bytes(chain))
                     merged += 1
         if merged:
             self.metrics.merged.inc(merged)
 
-    def _failed(self, exc: BaseException, batch: list[tuple[str, list[int]]]) -> None:
+    def _failed(self, exc: BaseException, batch: list[Record]) -> None:
         if not self.down_until:
             log.warning("shared prefix index: Redis %s unreachable (%s); routing on the local index, "
                         "retrying every %.1fs", self.settings.redis_address, type(exc).__name__,
@@ -251,7 +242,7 @@ class SharedIndexSync:
         keep = batch[-room:] if room > 0 else []
         if len(keep) < len(batch):
             self.metrics.dropped.inc(len(batch) - len(keep))
-        self.pending.extendleft((ep, BlockHashes(h)) for ep, h in reversed(keep))
+        self.pending.extendleft((ep, BlockHashes.from_bytes(chain)) for ep, chain in reversed(keep))
 
     async def close(self) -> None:
         if self._task is not None:

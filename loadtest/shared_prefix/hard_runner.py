@@ -1,11 +1,12 @@
 """Cells of the hard workloads (issue 15): `runner.py --profile zipf|multiturn|mixed|bursts|lora`.
 
-Same cell discipline as runner.run_cell (fresh engines per cell, seed-major order, lag and
-error rejection, simulated-time figures), with what these workloads need on top: the
-closed-loop session driver, per-profile engine arguments (LoRA slots) and KV size, the
-ModelRoute's loraAdapters, and per-engine figures for every policy (requests finished,
-prefix hits / queries, LoRA loads, and queue length over time), read from the simulator,
-so that a cell routed by a peer can be explained as well as one routed by us.
+The cell loop and its discipline are runner.py's (cells.py: fresh engines per cell,
+seed-major order, lag and error rejection, simulated-time figures); a hard cell adds what
+these workloads need: the closed-loop session driver, per-profile engine arguments (LoRA
+slots) and KV size, the ModelRoute's loraAdapters, and per-engine figures for every policy
+(requests finished, prefix hits / queries, LoRA loads, and queue length over time), read
+from the simulator, so that a cell routed by a peer can be explained as well as one
+routed by us.
 The greedy reference and `direct` are not defined for these workloads.
 """
 
@@ -17,12 +18,13 @@ import math
 import os
 import sys
 import time
+from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from loadtest.procs import Proc
-from . import cluster, policies, report
+from . import cells, cluster, policies, report
 from .hard_plots import plot_load
 from .client import Chooser, Result, RunStats, drive_sessions
 from .hard_workloads import HardSpec, HardRequest
@@ -108,35 +110,20 @@ async def run_hard_cell(a: argparse.Namespace, spec: HardSpec, pol: policies.Pol
     per_engine = {key: [b - a_ for a_, b in zip(pe0[key], pe1[key])] for key in PER_ENGINE}
     hits, queries = sum(per_engine["prefix_hits_total"]), sum(per_engine["prefix_queries_total"])
     ok = [r for r in stats.results if r.ok]
-    sim_s = stats.wall_s / k
-    lag_max = max(s["lag_max_seconds"] for s in states1)
-    send_late = stats.max_send_late_s / k
-    errors: dict[str, int] = {}
-    for r in stats.results:
-        if not r.ok:
-            key = (r.error or "?")[:120]
-            errors[key] = errors.get(key, 0) + 1
-    reason = None
-    if errors:
-        top = max(errors, key=errors.__getitem__)
-        reason = f"{sum(errors.values())} requests failed (most: {errors[top]} x {top})"
-    elif lag_max > a.max_lag * sim_s:
-        reason = f"engine lag {lag_max:.3f}s > {a.max_lag:.0%} of the {sim_s:.1f}s run"
-    elif send_late > a.max_lag * sim_s:
-        reason = f"sender {send_late:.3f}s behind schedule > {a.max_lag:.0%} of the run"
+    verdict = cells.judge(stats, states1, k, a.max_lag)
     ttfts = [r.ttft_s / k for r in ok]
-    metrics = report.cell_metrics(ttfts, [r.e2e_s / k for r in ok], sim_s, hits, queries)
+    metrics = report.cell_metrics(ttfts, [r.e2e_s / k for r in ok], verdict.sim_s, hits, queries)
     # output tokens per simulated second: the throughput figure when request sizes differ
-    metrics["output_tok_s"] = sum(by_index[r.index].max_tokens for r in ok) / sim_s
+    metrics["output_tok_s"] = sum(by_index[r.index].max_tokens for r in ok) / verdict.sim_s
     kinds: dict[str, list[float]] = {}
     for r in ok:
         kinds.setdefault(by_index[r.index].kind, []).append(r.ttft_s / k)
     cell: dict[str, Any] = {
         "policy": pol.name, "seed": seed, "kv_factor": 1.0, "kv_blocks": spec.kv_blocks,
-        "accepted": reason is None, "reject_reason": reason,
+        "accepted": verdict.reason is None, "reject_reason": verdict.reason,
         "requests": len(reqs), "completed": len(stats.results), "ok": len(ok),
-        "errors": errors, "wall_s": stats.wall_s, "sim_duration_s": sim_s,
-        "engine_lag_max_s": lag_max, "send_late_max_s": send_late,
+        "errors": verdict.errors, "wall_s": stats.wall_s, "sim_duration_s": verdict.sim_s,
+        "engine_lag_max_s": verdict.lag_max, "send_late_max_s": verdict.send_late,
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "prefix_hits": hits, "prefix_queries": queries, "metrics": metrics,
         "per_engine": per_engine,
@@ -147,10 +134,7 @@ async def run_hard_cell(a: argparse.Namespace, spec: HardSpec, pol: policies.Pol
         "queue_timeline": timeline,
         "ttft_samples_s": [round(x, 5) for x in ttfts],
     }
-    n_eng = ttft1[1] - ttft0[1]
-    if ttfts and n_eng > 0:
-        cell["engine_ttft_mean_s"] = (ttft1[0] - ttft0[0]) / n_eng
-        cell["added_ttft_mean_ms"] = 1000.0 * (sum(ttfts) / len(ttfts) - cell["engine_ttft_mean_s"])
+    cells.add_engine_ttft(cell, ttfts, ttft0, ttft1)
     if needs_events:
         cell["kvcache_aware_fallbacks"] = kv_fallbacks
     return cell, ttfts
@@ -169,50 +153,30 @@ def _cell_line(spec: HardSpec, cell: dict[str, Any]) -> str:
             f"{cell['engine_lag_max_s']:.3f}s, load {cell['load_avg_1m']:.1f} -> {verdict}")
 
 
+def _refuse(pol: policies.Policy) -> str | None:
+    return None if pol.kind in ("router", "peer") else "not defined for the hard workloads"
+
+
 async def bench(a: argparse.Namespace, spec: HardSpec, logdir: Path) -> dict[str, Any]:
-    summary: dict[str, Any] = {
-        "profile": spec.name, "workload": spec.to_json(), "time_scale": a.time_scale,
-        "engines": cluster.N_ENGINES, "block_size": cluster.BLOCK_SIZE, "model": cluster.MODEL,
-        "max_lag_fraction": a.max_lag, "seeds": a.seed_list, "router_args": a.router_arg,
-        "tables": [],
-    }
+    summary = cells.summary(a, spec.name, spec.to_json())
     a.out.mkdir(parents=True, exist_ok=True)
     block: dict[str, Any] = {"kv_factor": 1.0, "kv_blocks": spec.kv_blocks, "rows": {}}
     summary["tables"].append(block)
-    runnable = []
-    for pol in a.policy_list:
-        sched = a.overrides.get(pol.name, pol.scheduler_yaml)
-        why = cluster.unavailable(pol, sched)
-        if why is None and pol.kind not in ("router", "peer"):
-            why = "not defined for the hard workloads"
-        if why is not None:
-            print(f"skip {pol.name}: {why}", file=sys.stderr)
-            block["rows"][pol.name] = {"skipped": why}
-        else:
-            runnable.append((pol, sched))
-    cells: dict[str, list[dict[str, Any]]] = {pol.name: [] for pol, _ in runnable}
-    ttfts: dict[str, list[float]] = {}
-    for seed in a.seed_list:  # seed-major, as runner.bench
-        for pol, sched in runnable:
-            cell_dir = logdir / f"{pol.name}-s{seed}"
-            cell_dir.mkdir(parents=True, exist_ok=True)
-            cell, tt = await run_hard_cell(a, spec, pol, sched, seed, cell_dir)
-            cells[pol.name].append(cell)
-            print(_cell_line(spec, cell), file=sys.stderr, flush=True)
-            if cell["accepted"]:
-                ttfts.setdefault(pol.name, []).extend(tt)
-    for pol, _ in runnable:
-        good = [c for c in cells[pol.name] if c["accepted"]]
-        agg = report.aggregate(good)
-        vals = [c["metrics"]["output_tok_s"] for c in good]
-        agg["output_tok_s"] = ({"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals)}
-                               if vals else {"mean": None, "min": None, "max": None})
-        block["rows"][pol.name] = {"seeds_run": len(cells[pol.name]), "seeds_ok": len(good),
-                                   "aggregate": agg, "cells": cells[pol.name]}
+
+    def run(pol: policies.Policy, sched: str | None, seed: int,
+            cell_dir: Path) -> Awaitable[tuple[dict[str, Any], list[float]]]:
+        return run_hard_cell(a, spec, pol, sched, seed, cell_dir)
+
+    table, ttfts = await cells.run_table(a, block, logdir, run, lambda c: _cell_line(spec, c), refuse=_refuse)
+    for name, row_cells in table.items():
+        vals = [c["metrics"]["output_tok_s"] for c in row_cells if c["accepted"]]
+        block["rows"][name]["aggregate"]["output_tok_s"] = (
+            {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals)} if vals
+            else {"mean": None, "min": None, "max": None})
     if ttfts:
         report.plot_ttft(a.out / f"ttft_{spec.name}.png", ttfts,
                          f"TTFT, workload {spec.name}, time scale {a.time_scale:g}")
-    plot_load(a.out / f"load_{spec.name}.png", cells,
+    plot_load(a.out / f"load_{spec.name}.png", table,
               f"Per-engine queue over time, workload {spec.name} (seed {a.seed_list[0]})")
     report.write_json(a.out / "results.json", summary)
     (a.out / "results.md").write_text(report.markdown(summary) + "\n" + per_engine_md(summary))

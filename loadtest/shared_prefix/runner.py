@@ -38,13 +38,14 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from loadtest.procs import Proc, StartError, http
 from loadtest.loadgen import install_uvloop
-from . import cluster, hard_runner, policies, report
+from . import cells, cluster, hard_runner, policies, report
 from .client import Chooser, Result, RoundRobin, RunStats, drive
 from .greedy import GreedyReference, group_prompt_tokens, prompt_shape
 from .hard_workloads import HARD_PROFILES
@@ -244,44 +245,24 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
 
     (h0, q0), (h1, q1) = _totals(states0), _totals(states1)
     ok = [r for r in stats.results if r.ok]
-    sim_s = stats.wall_s / k
-    lag_max = max(s["lag_max_seconds"] for s in states1)
-    send_late = stats.max_send_late_s / k
-    errors: dict[str, int] = {}
-    for r in stats.results:
-        if not r.ok:
-            errors[(r.error or "?")[:120]] = errors.get((r.error or "?")[:120], 0) + 1
-    reason = None
-    if errors:
-        # failed requests free their engine early: the figures would flatter the policy
-        top = max(errors, key=errors.__getitem__)
-        reason = f"{sum(errors.values())} requests failed (most: {errors[top]} x {top})"
-    elif lag_max > a.max_lag * sim_s:
-        reason = f"engine lag {lag_max:.3f}s > {a.max_lag:.0%} of the {sim_s:.1f}s run"
-    elif send_late > a.max_lag * sim_s:
-        reason = f"sender {send_late:.3f}s behind schedule > {a.max_lag:.0%} of the run"
+    verdict = cells.judge(stats, states1, k, a.max_lag)
     ttfts = [r.ttft_s / k for r in ok]
     cell = {
         "policy": pol.name, "seed": seed, "kv_factor": kv_factor, "kv_blocks": blocks,
-        "accepted": reason is None, "reject_reason": reason,
+        "accepted": verdict.reason is None, "reject_reason": verdict.reason,
         "requests": len(reqs), "completed": len(stats.results), "ok": len(ok),
-        "errors": errors, "wall_s": stats.wall_s, "sim_duration_s": sim_s,
-        "engine_lag_max_s": lag_max, "send_late_max_s": send_late,
+        "errors": verdict.errors, "wall_s": stats.wall_s, "sim_duration_s": verdict.sim_s,
+        "engine_lag_max_s": verdict.lag_max, "send_late_max_s": verdict.send_late,
         # the machine's 1-minute load average at the end (2 cores shared: a busy spell
         # slows the router, which the engines' lag check does not see)
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "prefix_hits": h1 - h0, "prefix_queries": q1 - q0,
         "preemptions": sum(r["preemptions_total"] for s in states1 for r in s["ranks"]),
-        "metrics": report.cell_metrics(ttfts, [r.e2e_s / k for r in ok], sim_s, h1 - h0, q1 - q0),
+        "metrics": report.cell_metrics(ttfts, [r.e2e_s / k for r in ok], verdict.sim_s, h1 - h0, q1 - q0),
     }
     # kept so that merged runs can redraw the TTFT distributions (merge.py)
     cell["ttft_samples_s"] = [round(x, 5) for x in ttfts]
-    # client TTFT minus the engines' own: what the router (and the client) add per request.
-    # The lag check covers engines and sender only; a CPU-starved router shows here.
-    n_eng = ttft1[1] - ttft0[1]
-    if ttfts and n_eng > 0:
-        cell["engine_ttft_mean_s"] = (ttft1[0] - ttft0[0]) / n_eng
-        cell["added_ttft_mean_ms"] = 1000.0 * (sum(ttfts) / len(ttfts) - cell["engine_ttft_mean_s"])
+    cells.add_engine_ttft(cell, ttfts, ttft0, ttft1)
     if hot_spot is not None:
         cell["hot_spot_reorders"] = hot_spot
     if pol.replicas > 1:
@@ -305,56 +286,35 @@ def _sum_counter(admin_urls: list[str], name: str) -> float | None:
     return None if any(v is None for v in vals) else sum(v for v in vals if v is not None)
 
 
+def _cell_line(cell: dict[str, Any]) -> str:
+    m = cell["metrics"]
+    verdict = "ok" if cell["accepted"] else f"REJECTED ({cell['reject_reason']})"
+    return (f"{cell['policy']} seed={cell['seed']} kv=x{cell['kv_factor']:g}: "
+            f"{cell['ok']}/{cell['requests']} ok, "
+            f"{m['req_s']:.2f} req/s, mean TTFT {m['ttft_mean_s'] or math.nan:.3f}s, "
+            f"hit {100 * (m['hit_rate'] or 0):.1f}%, lag {cell['engine_lag_max_s']:.3f}s, "
+            f"added TTFT {cell.get('added_ttft_mean_ms', math.nan):.1f} ms, "
+            f"load {cell['load_avg_1m']:.1f} "
+            f"-> {verdict}")
+
+
 async def bench(a: argparse.Namespace, logdir: Path) -> dict[str, Any]:
     spec = profile(a.profile, num_groups=a.num_groups, prompts_per_group=a.prompts_per_group,
                    system_prompt_len=a.system_prompt_len, question_len=a.question_len,
                    output_len=a.output_len, request_rate=a.request_rate,
                    max_concurrency=a.max_concurrency)
-    summary: dict[str, Any] = {
-        "profile": a.profile, "workload": spec.to_json(), "time_scale": a.time_scale,
-        "engines": cluster.N_ENGINES, "block_size": cluster.BLOCK_SIZE, "model": cluster.MODEL,
-        "max_lag_fraction": a.max_lag, "seeds": a.seed_list, "router_args": a.router_arg,
-        "tables": [],
-    }
+    summary = cells.summary(a, a.profile, spec.to_json())
     a.out.mkdir(parents=True, exist_ok=True)
     for kv_factor in a.kv_list:
         block: dict[str, Any] = {"kv_factor": kv_factor,
                                  "kv_blocks": cluster.kv_blocks(spec, kv_factor), "rows": {}}
         summary["tables"].append(block)
-        ttfts: dict[str, list[float]] = {}
-        runnable = []
-        for pol in a.policy_list:
-            sched = a.overrides.get(pol.name, pol.scheduler_yaml)
-            why = cluster.unavailable(pol, sched)
-            if why is not None:
-                print(f"skip {pol.name}: {why}", file=sys.stderr)
-                block["rows"][pol.name] = {"skipped": why}
-            else:
-                runnable.append((pol, sched))
-        cells: dict[str, list[dict[str, Any]]] = {pol.name: [] for pol, _ in runnable}
-        # seed-major: the policies of one seed run back to back, so that a busy spell on
-        # the shared machine hits every policy alike instead of all seeds of one policy
-        for seed in a.seed_list:
-            for pol, sched in runnable:
-                cell_dir = logdir / f"{pol.name}-s{seed}-kv{kv_factor:g}"
-                cell_dir.mkdir(parents=True, exist_ok=True)
-                cell, tt = await run_cell(a, spec, pol, sched, kv_factor, seed, cell_dir)
-                cells[pol.name].append(cell)
-                m = cell["metrics"]
-                verdict = "ok" if cell["accepted"] else f"REJECTED ({cell['reject_reason']})"
-                print(f"{pol.name} seed={seed} kv=x{kv_factor:g}: {cell['ok']}/{cell['requests']} ok, "
-                      f"{m['req_s']:.2f} req/s, mean TTFT {m['ttft_mean_s'] or math.nan:.3f}s, "
-                      f"hit {100 * (m['hit_rate'] or 0):.1f}%, lag {cell['engine_lag_max_s']:.3f}s, "
-                      f"added TTFT {cell.get('added_ttft_mean_ms', math.nan):.1f} ms, "
-                      f"load {cell['load_avg_1m']:.1f} "
-                      f"-> {verdict}", file=sys.stderr, flush=True)
-                if cell["accepted"]:
-                    ttfts.setdefault(pol.name, []).extend(tt)
-        for pol, _ in runnable:
-            good = [c for c in cells[pol.name] if c["accepted"]]
-            block["rows"][pol.name] = {"seeds_run": len(cells[pol.name]), "seeds_ok": len(good),
-                                       "aggregate": report.aggregate(good),
-                                       "cells": cells[pol.name]}
+
+        def run(pol: policies.Policy, sched: str | None, seed: int,
+                cell_dir: Path) -> Awaitable[tuple[dict[str, Any], list[float]]]:
+            return run_cell(a, spec, pol, sched, kv_factor, seed, cell_dir)
+
+        _, ttfts = await cells.run_table(a, block, logdir, run, _cell_line, dir_suffix=f"-kv{kv_factor:g}")
         if ttfts:
             report.plot_ttft(a.out / f"ttft_kv{kv_factor:g}.png", ttfts,
                              f"TTFT, profile {a.profile}, KV x{kv_factor:g}")

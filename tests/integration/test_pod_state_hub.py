@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,17 +16,10 @@ import httpx
 import pytest
 
 import harness
+from loadtest.pod_state_polls import KINDS, count_polls, poller_args
 
 WORKERS = 3
 INTERVAL_S = 0.25  # scrape and probe period: many polls in a short window
-ROUTER_CONFIG = """\
-scheduler:
-  plugins:
-    Score:
-      enabled:
-      - {name: prefix-cache, weight: 1}
-      - {name: least-request, weight: 1}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +33,7 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Simulator]
 
 def _start(sim: harness.Simulator, tmp: Path, workers: int, *extra: str) -> harness.Router:
     config = harness.write_config(tmp / "cfg" / "routes.yaml", harness.engine_config(sim.ports))
-    rc = tmp / "router-config.yaml"
-    rc.write_text(ROUTER_CONFIG)
-    return harness.start_router(config, tmp, workers=workers, extra_args=[
-        "--router-config", str(rc), "--scrape-interval-s", str(INTERVAL_S),
-        "--health-probe-interval-s", str(INTERVAL_S), *extra])
+    return harness.start_router(config, tmp, workers=workers, extra_args=[*poller_args(tmp, INTERVAL_S), *extra])
 
 
 @pytest.fixture(scope="module")
@@ -102,15 +90,13 @@ def chat(router: harness.Router, prompt: str) -> None:
 
 def test_probes_and_scrapes_per_engine_do_not_grow_with_workers(router: harness.Router,
                                                                  sim: harness.Simulator) -> None:
-    before, t0 = polls(sim), time.monotonic()
-    harness.wait_until(lambda: time.monotonic() - t0 > 4.0, 30, what="a 4 s window")
-    after, window = polls(sim), time.monotonic() - t0
+    counts, window = count_polls(lambda: polls(sim), 4.0)
     # One poller per pod: at most one request per interval (+10 % jitter), plus the rounds
     # already in flight at both ends. Every worker polling on its own would be ~WORKERS x.
     bound = 1.2 * window / INTERVAL_S + 3
-    for b, a in zip(before, after):
-        for kind in ("health", "metrics"):
-            n = a[kind] - b[kind]
+    for c in counts:
+        for kind in KINDS:
+            n = c[kind]
             assert 0 < n <= bound, f"{kind}: {n} requests in {window:.1f}s (one poller: <= {bound:.0f})"
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from kthena_router._core import BlockHashes
 from kthena_router.podstate import client as client_mod
 from kthena_router.podstate import wire
 from kthena_router.podstate.client import PodStateClient
@@ -22,8 +23,14 @@ class Worker:
         self.inserts: list[tuple[str, list[int]]] = []
         self.modes: list[bool] = []
         self.client = PodStateClient(path, on_snapshot=lambda s: None, on_probes=lambda r: None,
-                                     on_inserts=lambda p: self.inserts.extend(wire.decode_inserts(p)),
-                                     on_mode=self.modes.append)
+                                     on_inserts=self._inserts, on_mode=self.modes.append)
+
+    def _inserts(self, payload: bytes) -> None:
+        self.inserts.extend((k, BlockHashes.from_bytes(c).tolist()) for k, c in wire.decode_inserts(payload))
+
+
+def _chain(*hashes: int) -> bytes:
+    return BlockHashes(list(hashes)).to_bytes()
 
 
 async def until(pred: Any, timeout: float = 20.0) -> None:
@@ -42,8 +49,8 @@ async def test_relay_replay_and_hub_loss(tmp_path: Path, monkeypatch: pytest.Mon
     for w in (a, b):
         assert await w.client.connect_first(attempts=100, delay_s=0.02)
         w.client.start()
-    a.client.send_insert("127.0.0.1:1", [1, 2, 3])
-    a.client.send_insert("127.0.0.1:2", [4])  # same loop iteration: one frame
+    a.client.send_insert("127.0.0.1:1", _chain(1, 2, 3))
+    a.client.send_insert("127.0.0.1:2", _chain(4))  # same loop iteration: one frame
     await until(lambda: len(b.inserts) == 2)
     assert b.inserts == [("127.0.0.1:1", [1, 2, 3]), ("127.0.0.1:2", [4])]
     assert a.inserts == [] and a.client.inserts_sent == 1
@@ -55,7 +62,7 @@ async def test_relay_replay_and_hub_loss(tmp_path: Path, monkeypatch: pytest.Mon
     hub_task.cancel()
     await asyncio.gather(hub_task, return_exceptions=True)
     await until(lambda: a.modes[-1:] == [False] and b.modes[-1:] == [False])
-    a.client.send_insert("127.0.0.1:1", [9])  # no hub: dropped at once, never waits
+    a.client.send_insert("127.0.0.1:1", _chain(9))  # no hub: dropped at once, never waits
     assert not a.client.connected
 
     hub_task = asyncio.create_task(Hub(settings, path).serve())

@@ -9,7 +9,6 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -18,31 +17,10 @@ import yaml
 
 import auth_harness as ah
 import harness
+import ratelimit_support as rs
 import redis_harness
 
 CLIENTS_PER_ROUTER = 3
-LEASE_PERCENT = 1
-
-
-def _engine_tokens(sim: harness.Simulator) -> tuple[float, float]:
-    prompt = gen = 0.0
-    for url in sim.urls:
-        fams = harness.parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
-        prompt += harness.metric_value(fams, "vllm:prompt_tokens_total")
-        gen += harness.metric_value(fams, "vllm:generation_tokens_total")
-    return prompt, gen
-
-
-def _config(sim: harness.Simulator, redis: redis_harness.RedisServer, limits: dict[str, dict[str, Any]]) -> list:
-    """One ModelServer; a route per model name in `limits`, each with Kthena's global rateLimit."""
-    labels = {"app": "demo"}
-    docs: list[dict[str, Any]] = []
-    for name, limit in limits.items():
-        route = harness.route_doc(name, name, "demo")
-        route["spec"]["rateLimit"] = {**limit, "global": {"redis": {"address": redis.address}}}
-        docs.append(route)
-    docs += [harness.server_doc("demo", "demo", labels), harness.endpoints_doc("demo-engines", sim.ports, labels)]
-    return docs
 
 
 async def _client(base: str, model: str, max_tokens: int, quiet_s: float, stats: dict[str, int]) -> None:
@@ -82,59 +60,20 @@ def _run_clients(routers: list[harness.Router], model: str, max_tokens: int) -> 
 
 
 def test_three_routers_share_one_global_hourly_budget(tmp_path: Path) -> None:
-    redis = redis_harness.start_redis(tmp_path)
-    sim = harness.start_simulator(tmp_path, engines=3, fast=True)
-    inp, out = 30000, 3000
-    limits = {"demo": {"inputTokensPerUnit": inp, "unit": "hour"},
-              "demo-out": {"outputTokensPerUnit": out, "unit": "hour"}}
-    config = harness.write_config(tmp_path / "cfg.yaml", _config(sim, redis, limits))
-    rc = tmp_path / "router.yaml"
-    rc.write_text(yaml.safe_dump({"rateLimits": {"leasePercent": LEASE_PERCENT, "leaseIdle": "1s"}}))
-    routers = [harness.start_router(config, tmp_path / f"r{i}", extra_args=["--router-config", str(rc)])
-               for i in range(3)]
-    try:
-        t0 = time.monotonic()
-        stats = _run_clients(routers, "demo", 4)
-        prompt, _ = _engine_tokens(sim)
-        refill = inp / 3600 * (time.monotonic() - t0)
-        lease = inp * LEASE_PERCENT / 100
-        print(f"input: admitted {prompt:.0f} of {inp} (+{refill:.0f} refilled), {stats}")
-        assert stats["refused"] > 0 and stats["ok"] > 100, stats
-        # 98-100% of the budget (plus what refilled meanwhile), at most one lease per router over
-        assert 0.98 * inp <= prompt <= inp + refill + 3 * lease, (prompt, refill, stats)
+    with rs.budget_env(tmp_path) as env:
+        def run(model: str, max_tokens: int) -> dict[str, int]:
+            return _run_clients(env.routers, model, max_tokens)
 
-        before_out = _engine_tokens(sim)[1]
-        t0 = time.monotonic()
-        max_tokens = 40
-        stats = _run_clients(routers, "demo-out", max_tokens)
-        gen = _engine_tokens(sim)[1] - before_out
-        refill = out / 3600 * (time.monotonic() - t0)
-        # Each admission reserves its max_tokens of what is there (it needs only one token,
-        # Kthena's rule), so only a partial reservation overshoots, by less than max_tokens:
-        # one when the shared bucket runs dry and one per router's lease; a refilled token
-        # admits one more, whose debt later refills pay before the next admission (nothing
-        # unused comes back here: every request uses all 40). The issue's bound: at most the
-        # in-flight requests' max_tokens over the budget (and what refilled meanwhile).
-        in_flight = len(routers) * CLIENTS_PER_ROUTER * max_tokens
-        print(f"output: {gen:.0f} of {out} (+{refill:.0f} refilled, in-flight bound {in_flight}), {stats}")
-        assert stats["refused"] > 0, stats
-        assert 0.98 * out <= gen <= out + refill + in_flight, (gen, refill, stats)
-        charged = sum(harness.metric_value(harness.parse_metrics(r.metrics_text()),
-                                           "kthena_router_ratelimit_charged_tokens_total", token_type="output")
-                      for r in routers)
-        assert charged == _engine_tokens(sim)[1]
-    finally:
-        for r in routers:
-            r.stop()
-        sim.stop()
-        redis.stop()
+        rs.check_input_budget(env, run)
+        rs.check_output_budget(env, run, clients=len(env.routers) * CLIENTS_PER_ROUTER)
 
 
 def test_redis_outage_fail_open_and_fail_closed_then_recovery(tmp_path: Path) -> None:
     redis = redis_harness.start_redis(tmp_path)
     sim = harness.start_simulator(tmp_path, engines=1, fast=True)
     big = {"inputTokensPerUnit": 10**7, "unit": "hour"}
-    config = harness.write_config(tmp_path / "cfg.yaml", _config(sim, redis, {"open": big, "closed": big}))
+    docs = rs.global_limit_config(sim, redis, {"open": big, "closed": big})
+    config = harness.write_config(tmp_path / "cfg.yaml", docs)
     rc = tmp_path / "router.yaml"
     rc.write_text(yaml.safe_dump({"rateLimits": {
         "leasePercent": 0,  # a round trip per request: the outage shows at once
@@ -179,7 +118,7 @@ def test_refusal_costs_no_session_lookup_and_a_client_leaving_during_a_redis_wai
     watched for the client leaving."""
     redis = redis_harness.start_redis(tmp_path)
     sim = harness.start_simulator(tmp_path, engines=1, fast=True)
-    docs = _config(sim, redis, {"tiny": {"inputTokensPerUnit": 5, "unit": "hour"},
+    docs = rs.global_limit_config(sim, redis, {"tiny": {"inputTokensPerUnit": 5, "unit": "hour"},
                                 "wide": {"inputTokensPerUnit": 10**7, "unit": "hour"}})
     for doc in docs:
         if doc["kind"] == "ModelRoute":

@@ -15,18 +15,10 @@ import yaml
 
 import auth_harness as ah
 import harness
+import ratelimit_support as rs
 
 PROMPT = "hello there " * 20
 CHARGED = "kthena_router_ratelimit_charged_tokens_total"
-
-
-def _engine_tokens(sim: harness.Simulator) -> tuple[float, float]:
-    prompt = gen = 0.0
-    for url in sim.urls:
-        fams = harness.parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
-        prompt += harness.metric_value(fams, "vllm:prompt_tokens_total")
-        gen += harness.metric_value(fams, "vllm:generation_tokens_total")
-    return prompt, gen
 
 
 def _chat(http: httpx.Client, router: harness.Router, i: int, headers: dict[str, str] | None = None,
@@ -75,7 +67,7 @@ def test_kthena_route_limit_refuses_like_openai_and_charges_what_engines_count(t
         with pytest.raises(openai.RateLimitError) as ei:
             router.openai().chat.completions.create(model="demo", messages=[{"role": "user", "content": PROMPT * 2}])
         assert ei.value.response.headers["x-ratelimit-limit-tokens"] == "3000"
-        prompt, gen = _engine_tokens(sim)
+        prompt, gen = rs.engine_tokens(sim)
         fams = harness.parse_metrics(router.metrics_text())
         assert harness.metric_value(fams, CHARGED, token_type="input") == prompt
         assert harness.metric_value(fams, CHARGED, token_type="output") == gen > 0
@@ -102,7 +94,7 @@ def test_output_limit_charges_streamed_tokens_and_admits_while_budget_is_left(tm
                     _check_refusal(r, "tokens", 100)
                     break
                 ok += 1
-        _, gen = _engine_tokens(sim)
+        _, gen = rs.engine_tokens(sim)
         # admitted while one output token was left; the last one may run over by its max_tokens
         assert 100 <= gen <= 100 + 30 and ok >= 4, (ok, gen)
         assert harness.metric_value(harness.parse_metrics(router.metrics_text()), CHARGED,

@@ -5,23 +5,36 @@ from __future__ import annotations
 
 import pytest
 
+from kthena_router._core import BlockHashes
 from kthena_router.engine_state.snapshot import EndpointSnapshot
 from kthena_router.podstate import wire
 
 
+def _chain(hashes: list[int]) -> bytes:
+    return BlockHashes(hashes).to_bytes()
+
+
 def test_insert_records_round_trip_in_order() -> None:
     big = [0, 1, 2**63, 2**64 - 1]
-    payload = wire.encode_insert("10.0.0.1:8000", big) + wire.encode_insert("[::1]:9", []) + \
-        wire.encode_insert("é:1", list(range(1000)))
-    assert list(wire.decode_inserts(payload)) == [("10.0.0.1:8000", big), ("[::1]:9", []),
-                                                  ("é:1", list(range(1000)))]
-    # compact: 2 + key + 4 + 8 per hash
-    assert len(wire.encode_insert("a:1", [5, 6])) == 2 + 3 + 4 + 16
+    payload = wire.encode_insert("10.0.0.1:8000", _chain(big)) + wire.encode_insert("[::1]:9", b"") + \
+        wire.encode_insert("é:1", _chain(list(range(1000))))
+    decoded = [(k, BlockHashes.from_bytes(c).tolist()) for k, c in wire.decode_inserts(payload)]
+    assert decoded == [("10.0.0.1:8000", big), ("[::1]:9", []), ("é:1", list(range(1000)))]
+    # compact: 2 + key + 4 + 8 per hash, the hashes little-endian u64 (the format is unchanged)
+    rec = wire.encode_insert("a:1", _chain([5, 2**64 - 2]))
+    assert rec == b"\x03\x00a:1\x02\x00\x00\x00" + bytes([5, 0, 0, 0, 0, 0, 0, 0]) + b"\xfe" + b"\xff" * 7
+
+
+def test_insert_hashes_must_be_whole_words() -> None:
+    with pytest.raises(ValueError):
+        wire.encode_insert("a:1", b"\x00" * 9)
+    with pytest.raises(ValueError):
+        BlockHashes.from_bytes(b"\x00" * 9)
 
 
 @pytest.mark.parametrize("cut", [1, 2, 5, 9, 20])
 def test_truncated_insert_record_is_refused(cut: int) -> None:
-    payload = wire.encode_insert("a:1", [1, 2])
+    payload = wire.encode_insert("a:1", _chain([1, 2]))
     with pytest.raises(wire.FrameError):
         list(wire.decode_inserts(payload[:-cut]))
 

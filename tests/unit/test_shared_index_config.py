@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from kthena_router._core import prefix_hashes
+from kthena_router._core import BlockHashes, prefix_hashes
 from kthena_router.config import ConfigError
 from kthena_router.scheduling.config import load_router_configuration_bytes
 from kthena_router.shared_index.config import SharedIndexSettings
-from kthena_router.shared_index.sync import decode, encode
+from kthena_router.shared_index.sync import SharedIndexMetrics, SharedIndexSync, decode, encode
 
 
 def test_absent_section_is_none_and_defaults_apply() -> None:
@@ -65,10 +66,24 @@ sharedPrefixIndex: {redis: {address: '127.0.0.1:6379'}}
 
 
 def test_records_round_trip_and_a_truncated_tail_is_dropped() -> None:
-    chain = prefix_hashes(b"x" * 640, 64, 7, 128).tolist()
-    assert len(chain) == 10
-    recs = [("127.0.0.1:8001", chain), ("10.1.2.3:80", [2**64 - 1, 0, 5])]
+    hashes = prefix_hashes(b"x" * 640, 64, 7, 128)
+    assert len(hashes) == 10
+    recs = [("127.0.0.1:8001", hashes.to_bytes()), ("10.1.2.3:80", BlockHashes([2**64 - 1, 0, 5]).to_bytes())]
     blob = encode(recs)
     assert decode(blob) == recs
+    assert BlockHashes.from_bytes(decode(blob)[0][1]).tolist() == hashes.tolist()
+    # u8 key length | key | u32 n | n x u64, little-endian
+    assert blob[-(1 + 11 + 4 + 24):-24] == b"\x0b10.1.2.3:80\x03\x00\x00\x00" and blob[-24:-16] == b"\xff" * 8
     assert decode(blob[:-3]) == recs[:1]
     assert decode(b"") == []
+
+
+def test_a_round_takes_each_chain_once_per_endpoint_as_bytes() -> None:
+    sync = SharedIndexSync(SharedIndexSettings("127.0.0.1:1"), lambda: None,  # type: ignore[arg-type,return-value]
+                           SharedIndexMetrics(CollectorRegistry()))
+    a, b = prefix_hashes(b"a" * 640, 64, 7, 128), prefix_hashes(b"b" * 640, 64, 7, 128)
+    for ep, h in (("10.0.0.1:80", a), ("10.0.0.1:80", b), ("10.0.0.1:80", a), ("10.0.0.2:80", a)):
+        sync.record(ep, h)
+    assert sync._take() == [("10.0.0.1:80", a.to_bytes()), ("10.0.0.1:80", b.to_bytes()),
+                            ("10.0.0.2:80", a.to_bytes())]
+    assert not sync.pending

@@ -61,6 +61,27 @@ pub fn prefix_key(prompt: &[u8], block_size: usize, seed: u64, blocks: usize) ->
     hashes[hashes.len() - 1]
 }
 
+/// Append `hashes` as little-endian u64 words to `out`: the wire form of a chain (pod-state
+/// INSERTS records, shared-index stream records).
+pub fn write_le(hashes: &[u64], out: &mut [u8]) {
+    for (w, h) in out.chunks_exact_mut(8).zip(hashes) {
+        w.copy_from_slice(&h.to_le_bytes());
+    }
+}
+
+/// The chain in `bytes` (little-endian u64 words); None unless the length is a multiple of 8.
+pub fn read_le(bytes: &[u8]) -> Option<Vec<u64>> {
+    if bytes.len() % 8 != 0 {
+        return None;
+    }
+    Some(
+        bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,6 +113,17 @@ mod tests {
         );
         assert_ne!(prefix_key(b"0123", 4, 3, 2), prefix_key(b"0124", 4, 3, 2));
         assert_ne!(prefix_key(b"ab", 4, 3, 2), prefix_key(b"ac", 4, 3, 2)); // no full block
+    }
+
+    #[test]
+    fn le_bytes_round_trip() {
+        let h = vec![0, 1, u64::MAX, 0x0102_0304_0506_0708];
+        let mut b = vec![0u8; 8 * h.len()];
+        write_le(&h, &mut b);
+        assert_eq!(&b[24..], &[8, 7, 6, 5, 4, 3, 2, 1]); // little-endian on every host
+        assert_eq!(read_le(&b), Some(h));
+        assert_eq!(read_le(&[]), Some(vec![]));
+        assert_eq!(read_le(&b[..7]), None);
     }
 
     #[test]

@@ -2,8 +2,10 @@
 
 use crate::gil;
 use kthena_core::{prefix_hash, prefix_index};
+use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 /// Hash work (bytes actually hashed) above which the GIL is released.
 const GIL_RELEASE_BYTES: usize = 32 * 1024;
@@ -28,6 +30,30 @@ impl BlockHashes {
 
     fn tolist(&self) -> Vec<u64> {
         self.hashes.clone()
+    }
+
+    /// The hashes as little-endian u64 words (8 bytes a block): what the pod-state link and
+    /// the shared index send, without a Python int per block.
+    fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        PyBytes::new_with(py, 8 * self.hashes.len(), |out| {
+            prefix_hash::write_le(&self.hashes, out);
+            Ok(())
+        })
+    }
+
+    /// The inverse of `to_bytes`: from `bytes` or any contiguous byte buffer (a memoryview
+    /// slice of a received frame). ValueError unless the length is a multiple of 8.
+    #[staticmethod]
+    fn from_bytes(data: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let hashes = if let Ok(b) = data.downcast::<PyBytes>() {
+            prefix_hash::read_le(b.as_bytes())
+        } else {
+            let buf = PyBuffer::<u8>::get(data)?;
+            prefix_hash::read_le(&buf.to_vec(data.py())?)
+        };
+        hashes.map(|hashes| BlockHashes { hashes }).ok_or_else(|| {
+            PyValueError::new_err("block hash bytes must be little-endian u64 words")
+        })
     }
 
     fn __repr__(&self) -> String {
