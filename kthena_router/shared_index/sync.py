@@ -17,7 +17,9 @@ coordination) and endpoints are named by address, the same in every replica. Bou
 approximate: XADD trims entries older than `ttl` (MINID, approximate), XTRIM caps the
 length at `maxEntries`, the key expires `ttl` after the last publish, readers skip entries
 older than `ttl`, and every local index keeps its own LRU capacity per endpoint.
-A new replica reads the last `ttl` of the stream at start (warm start).
+A new replica reads the last `ttl` of the stream at start (warm start). PD side
+schedulers share through the same stream: their records' endpoint names carry their
+side (scheduling/insert_scopes.py).
 
 Outage: a failed or timed-out round trip marks Redis down for `redisRetry` (errors
 counted, `kthena_router_shared_index_redis_up` 0); routing goes on with the local index;
@@ -36,7 +38,6 @@ import time
 import uuid
 from array import array
 from collections import deque
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
@@ -61,12 +62,10 @@ assert array("Q").itemsize == 8
 
 
 class IndexTarget(Protocol):
-    """What the sync merges into: the live Scheduler (re-read each round: reloads swap it)."""
+    """What the sync merges into: the worker's live indexes, the plain scheduler's and the
+    PD sides' (scheduling/insert_scopes.InsertTargets: records name their index)."""
 
-    def endpoint_id(self, ep_key: str) -> int | None: ...
-
-    @property
-    def index(self) -> Any: ...
+    def insert(self, key: str, hashes: BlockHashes) -> bool: ...
 
 
 class SharedIndexMetrics:
@@ -130,7 +129,7 @@ def decode(blob: bytes) -> list[tuple[str, list[int]]]:
 
 
 class SharedIndexSync:
-    def __init__(self, settings: SharedIndexSettings, target: Callable[[], IndexTarget],
+    def __init__(self, settings: SharedIndexSettings, target: IndexTarget,
                  metrics: SharedIndexMetrics) -> None:
         self.settings = settings
         self.target = target
@@ -222,8 +221,7 @@ class SharedIndexSync:
         if not entries:
             return
         oldest = now_ms - int(self.settings.ttl_s * 1000)
-        target = self.target()
-        index = target.index
+        insert = self.target.insert
         merged = 0
         for entry_id, fields in entries:
             eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
@@ -231,9 +229,8 @@ class SharedIndexSync:
             if fields.get(b"r") == self.replica or int(eid.split("-", 1)[0]) < oldest:
                 continue
             for ep_key, hashes in decode(fields.get(b"d", b"")):
-                ep_id = target.endpoint_id(ep_key)
-                if ep_id is not None and hashes:  # endpoints this replica does not route to are skipped
-                    index.insert(ep_id, BlockHashes(hashes))
+                # endpoints (or PD sides) this replica does not route to are skipped
+                if hashes and insert(ep_key, BlockHashes(hashes)):
                     merged += 1
         if merged:
             self.metrics.merged.inc(merged)
