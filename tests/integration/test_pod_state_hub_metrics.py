@@ -94,6 +94,16 @@ def test_hub_metrics_appear_and_move(setup: Any) -> None:
     _, router = setup
     harness.wait_until(lambda: sample(router, H + "workers") == 2 and sample(router, H + "kv_streams_up") == ENGINES,
                        60, interval=0.2, what="2 workers connected, both KV streams up in the hub")
+    # the workers' automatic matchers follow the streams through the hub (neither subscribes)
+    def followed() -> bool:
+        r = router.admin_get("/debug/kv_ownership")
+        ws = r.json().get("workers", []) if r.status_code == 200 else []
+        return len(ws) == 2 and all(len(w["endpoints"]) == ENGINES and
+                                    all(e["state"] == "up" for e in w["endpoints"].values()) for w in ws)
+
+    harness.wait_until(followed, 30, interval=0.2, what="both workers' matchers see both streams up")
+    pods = router.admin_get("/debug/pod_state").json()["workers"]
+    assert [w["kv_local_streams"] for w in pods] == [0, 0], pods
     for role in ("probe", "scrape", "kv_events"):
         assert value(router, H + "engines", role=role) == ENGINES, role
     assert value(router, H + "restarts_total") == 0
