@@ -205,7 +205,8 @@ def create_app(settings: RouterSettings | None = None) -> RouterApp:
     registry.set_health_listener(health_changed)
     link: PodStateLink | None = None
     if settings.pod_state_socket:  # several workers: scraping, probing, inserts via the hub
-        link = PodStateLink(settings, holder, prober, lambda: reloader.scheduler if reloader is not None else None)
+        link = PodStateLink(settings, holder, prober, lambda: reloader.scheduler if reloader is not None else None,
+                            pd_pairer)
         applier.after_swap.append(link.on_state)
         if reloader is not None:  # a reload may build a new scheduler: bind that one too
             link.bind(reloader.scheduler)

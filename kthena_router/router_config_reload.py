@@ -3,8 +3,9 @@ reloaded like the route config.
 
 - RouterConfigHolder.current is the installed RouterConfiguration. Consumers of its
   sections (scheduler, traffic, ...) read it per request, so a reload reaches them.
-- The scheduler (and the kvcache-aware matcher) is built from the scheduler section. A
-  reload that changes that section builds a new one, syncs it with the current endpoints
+- The scheduler (and the kvcache-aware matcher, listed or automatic: kvEvents section,
+  scheduling/exact_auto.py) is built from the scheduler section. A reload that changes
+  that section (or kvEvents) builds a new one, syncs it with the current endpoints
   and the last engine snapshots, then swaps it in with the configuration in one step (no
   await between); an unchanged section keeps the live scheduler and its learned state.
 - A file the router cannot use (invalid, or a pipeline Rust refuses) keeps the old one and
@@ -33,6 +34,8 @@ from kthena_router.kv_events import EventSource
 from kthena_router.metrics import RouterMetrics
 from kthena_router.scheduling.check import check_scheduler
 from kthena_router.scheduling.config import KvCacheAwareArgs, RouterConfiguration, SchedulerSettings
+from kthena_router.scheduling.insert_scopes import InsertTargets
+from kthena_router.scheduling.exact_auto import DEFAULT_KV_EVENTS, KvEventsSettings, auto_exact_args
 from kthena_router.scheduling.kv_matcher import KvAwareMatcher, event_source
 from kthena_router.scheduling.scheduler import Scheduler
 from kthena_router.settings import RouterSettings
@@ -64,14 +67,19 @@ class Scheduling:
 
 
 def build_scheduling(sc: SchedulerSettings, source: str, settings: RouterSettings,
-                     metrics: RouterMetrics, selector: EndpointSelector | None = None) -> Scheduling:
+                     metrics: RouterMetrics, selector: EndpointSelector | None = None,
+                     kv_events: KvEventsSettings = DEFAULT_KV_EVENTS) -> Scheduling:
     check_scheduler(sc, source)  # ConfigError naming the file rather than a bare ValueError
     scheduler = Scheduler(sc, metrics, hot_spot_abs=settings.hot_spot_abs, hot_spot_rel=settings.hot_spot_rel,
                           selector=selector)
     matcher = None
     kv_args = sc.args.get("kvcache-aware")
+    auto_args = auto_exact_args(sc, kv_events)
     if scheduler.kv_aware and isinstance(kv_args, KvCacheAwareArgs):
         matcher = KvAwareMatcher(kv_args, metrics)
+    elif auto_args is not None:  # prefix-cache + KV events where endpoints advertise them
+        matcher = KvAwareMatcher(auto_args, metrics, auto=True)
+    if matcher is not None:
         scheduler.set_kv_matcher(matcher)
     return Scheduling(scheduler, matcher)
 
@@ -125,14 +133,16 @@ def _take(counts: dict[str, int], key: str) -> bool:
     return True
 
 
-def _kv_sources(state: RouterState, scheduler: Scheduler, args: KvCacheAwareArgs) -> dict[str, tuple[int, EventSource]]:
-    """Endpoint key -> (scheduler id, KV-event source from the endpoint's labels)."""
+def _kv_sources(state: RouterState, scheduler: Scheduler, args: KvCacheAwareArgs,
+               labelled_only: bool = False) -> dict[str, tuple[int, EventSource]]:
+    """Endpoint key -> (scheduler id, KV-event source from the endpoint's labels); with
+    `labelled_only` (automatic exact matching) only endpoints that advertise a stream."""
     out: dict[str, tuple[int, EventSource]] = {}
     for key, eps in state.targets.items():
         labels = {(e.address, e.port): e.labels for e in state.config.endpoints_of(state.config.servers[key])}
         for ep in eps:
             ep_id = scheduler.endpoint_id(ep.key)
-            src = event_source(ep.ip, labels.get((ep.host, ep.port), {}), args)
+            src = event_source(ep.ip, labels.get((ep.host, ep.port), {}), args, labelled_only)
             if ep_id is not None and src is not None and ep.key not in out:
                 out[ep.key] = (ep_id, src)
     return out
@@ -151,7 +161,7 @@ class RouterConfigReloader:
         self.on_install: Callable[[RouterConfiguration], None] | None = None  # after each install
         # every new Scheduler, before it is synced or installed (the pod-state link binds it)
         self.on_build: Callable[[Scheduler], None] | None = None
-        self.scheduling = build_scheduling(rc.scheduler, rc.source, settings, metrics, selector)
+        self.scheduling = build_scheduling(rc.scheduler, rc.source, settings, metrics, selector, rc.kv_events)
         self.balancer = SwitchingBalancer(self.scheduling.scheduler)
         self.scraper: EngineStateScraper | None = None
         self.pd_pairer: PdPairer | None = None  # follows the pd section and the engine snapshots
@@ -193,13 +203,17 @@ class RouterConfigReloader:
         if want is not None and self.shared_index is None:
             if self._shared_metrics is None:
                 self._shared_metrics = SharedIndexMetrics(self.metrics.registry)
-            self.shared_index = SharedIndexSync(want, lambda: self.scheduling.scheduler, self._shared_metrics)
+            targets = InsertTargets(lambda: self.scheduling.scheduler, lambda: self.pd_pairer)
+            self.shared_index = SharedIndexSync(want, targets, self._shared_metrics)
             self.shared_index.start()
         listeners = self.scheduling.scheduler.insert_listeners
-        if self.shared_index is not None:
-            listeners["shared-index"] = self.shared_index.record
+        record = self.shared_index.record if self.shared_index is not None else None
+        if record is not None:
+            listeners["shared-index"] = record
         else:
             listeners.pop("shared-index", None)
+        if self.pd_pairer is not None:  # the PD sides share through the same sync
+            self.pd_pairer.set_insert_listener("shared-index", record)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -228,7 +242,7 @@ class RouterConfigReloader:
                     live.setdefault(ep.key, (ep.key, ep.base_url, flavour))
             self.scraper.set_endpoints(live.values())
         if sched.matcher is not None:
-            sched.matcher.set_endpoints(_kv_sources(state, sched.scheduler, sched.matcher.args))
+            sched.matcher.set_endpoints(_kv_sources(state, sched.scheduler, sched.matcher.args, sched.matcher.auto))
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -252,7 +266,7 @@ class RouterConfigReloader:
                 log.warning("invalid router configuration, keeping the previous one:\n%s", err)
                 self.on_error(err)
                 return
-        if current is not None and rc.scheduler == current.scheduler:
+        if current is not None and rc.scheduler == current.scheduler and rc.kv_events == current.kv_events:
             self._install(rc, None, pd_build)  # same pipeline: keep the live scheduler and what it learned
             return
         task = asyncio.get_running_loop().create_task(self._rebuild(rc, self._latest, pd_build))
@@ -265,7 +279,8 @@ class RouterConfigReloader:
 
     async def _rebuild(self, rc: RouterConfiguration, ticket: int, pd_build: PdBuild | None = None) -> None:
         try:
-            new = build_scheduling(rc.scheduler, rc.source, self.settings, self.metrics, self.selector)
+            new = build_scheduling(rc.scheduler, rc.source, self.settings, self.metrics, self.selector,
+                                   rc.kv_events)
         except ConfigError as err:
             log.warning("invalid router configuration, keeping the previous one:\n%s", err)
             self.on_error(err)

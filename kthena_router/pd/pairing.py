@@ -1,7 +1,9 @@
 """Pairing: the decode endpoint first (decode-side plugins), then a prefill endpoint of its
 group (prefill-side plugins), both scored by the Rust Scorer (scheduling/scheduler.py).
 
-One Scheduler per side per worker, each with its own approximate prefix index:
+One Scheduler per side per worker, each with its own approximate prefix index (its
+dispatch-time inserts shared like the plain scheduler's: `set_insert_listener`, through
+the pod-state hub and sharedPrefixIndex, each record named by its side):
 - decode views, one per PD ModelServer over every decode endpoint of its paired groups,
   key (namespace, name, "decode"); the decode index records the prompt of every request
   an endpoint decoded (two hops or alone: either way it ends up holding the prompt's KV);
@@ -45,6 +47,7 @@ from kthena_router.metrics import RouterMetrics
 from kthena_router.router_config_reload import SwitchingBalancer
 from kthena_router.scheduling.check import check_scheduler
 from kthena_router.scheduling.index_sizing import IndexSizer
+from kthena_router.scheduling.insert_scopes import PD_DECODE, PD_PREFILL, Listener, scoped
 from kthena_router.scheduling.scheduler import Scheduler
 
 from .config import DEFAULT_PD, PdServerSettings, PdSettings
@@ -122,6 +125,24 @@ class PdPairer:
         self._snaps: dict[str, EndpointSnapshot] = {}  # last engine state of PD endpoints
         self._live: frozenset[str] = frozenset()  # keys of the endpoints in pairs
         self._reported: dict[str, tuple[str | None, tuple[str, ...], bool]] = {}  # server -> logged
+        # shared dispatch-time inserts (pod-state hub, sharedPrefixIndex), by listener name
+        self._insert_listeners: dict[str, Listener] = {}
+
+    def set_insert_listener(self, name: str, listener: Listener | None) -> None:
+        """Send both sides' dispatch-time inserts to `listener` (None: stop), each record
+        named by its side (scheduling/insert_scopes.py); schedulers a reload builds get it too."""
+        if listener is None:
+            self._insert_listeners.pop(name, None)
+        else:
+            self._insert_listeners[name] = listener
+        for side, balancer in ((DECODE, self.decode), (PREFILL, self.prefill)):
+            self._bind(side, balancer.inner)
+
+    def _bind(self, side: str, sched: Scheduler) -> None:
+        scope = PD_DECODE if side == DECODE else PD_PREFILL
+        sched.insert_listeners.clear()
+        for name, listener in self._insert_listeners.items():
+            sched.insert_listeners[name] = scoped(scope, listener)
 
     # --- configuration ---------------------------------------------------------------------
     def build(self, settings: PdSettings, source: str, *, force: bool = False) -> PdBuild:
@@ -147,6 +168,7 @@ class PdPairer:
                 self._sync_side(side, new, self._state)
             for snap in self._snaps.values():
                 new.on_snapshot(snap)
+            self._bind(side, new)
             (self.decode if side == DECODE else self.prefill).swap(new)
         self.settings = build.settings
         if self._state is not None:
@@ -300,7 +322,10 @@ class PdPairer:
                            for g in topo.groups.values()},
                 "prefill_timeout_s": s.prefill_timeout_s, "min_uncached_tokens": s.min_uncached_tokens,
             })
-        return {"servers": servers, "bytes_per_token": self._ratio.bytes_per_token,
+        index = {side: {key: b.inner.index.endpoint_len(i) for key in sorted(self._live)
+                        if (i := b.inner.endpoint_id(key)) is not None and b.inner.index.endpoint_len(i)}
+                 for side, b in ((DECODE, self.decode), (PREFILL, self.prefill))}
+        return {"servers": servers, "bytes_per_token": self._ratio.bytes_per_token, "index": index,
                 "decode_plugins": [p.name for p in self.decode.inner.cfg.scores],
                 "prefill_plugins": [p.name for p in self.prefill.inner.cfg.scores]}
 

@@ -9,7 +9,7 @@ and probes every engine once, whatever the worker count, and relays prefix-index
   worker starts with the pod's index rather than an empty one.
 - Writes never wait: a worker whose socket buffer is full misses frames (counted) rather
   than slowing the hub for the others.
-The hub exits when its parent (the supervisor) is gone.
+The hub exits when its parent (the supervisor) is gone. Its metrics: hub_metrics.py.
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ import aiohttp
 
 from kthena_router.engine_state.scraper import EngineStateScraper
 from kthena_router.engine_state.snapshot import EndpointSnapshot
+from kthena_router.metrics import ensure_multiprocess
 from kthena_router.settings import RouterSettings
 
 from . import wire
+from .hub_metrics import HubMetrics, count_records
 from .kv_relay import HubKvSink, hub_sources
 
 log = logging.getLogger(__name__)
@@ -52,9 +54,10 @@ class _Conn:
 
 
 class Hub:
-    def __init__(self, settings: RouterSettings, path: str) -> None:
+    def __init__(self, settings: RouterSettings, path: str, metrics: HubMetrics | None = None) -> None:
         self.settings = settings
         self.path = path
+        self.metrics = metrics if metrics is not None else HubMetrics()
         self.conns: list[_Conn] = []
         self.scraper: EngineStateScraper | None = None
         self.probe_targets: dict[str, wire.ProbeTarget] = {}
@@ -62,7 +65,7 @@ class Hub:
         self.replay: deque[bytes] = deque()
         self.replay_bytes = 0
         self.probes_sent = 0  # GET /health requests made (debugging, tests)
-        self.kv = HubKvSink(self._broadcast)
+        self.kv = HubKvSink(self._broadcast, on_up=self.metrics.kv_streams_up.set)
         self.kv_subs: Any = None  # KvEventSubscribers, at the first KV-event source
         self._session: aiohttp.ClientSession | None = None
         self._insecure = ssl.create_default_context()
@@ -76,10 +79,12 @@ class Hub:
             return
         if transport.get_write_buffer_size() > SEND_BUFFER_LIMIT:
             conn.dropped += 1
+            self.metrics.dropped.inc()
             if conn.dropped == 1 or conn.dropped % 1000 == 0:
                 log.warning("pod-state hub: worker %d is not reading; %d frames dropped", conn.pid, conn.dropped)
             return
         conn.writer.write(data)
+        self.metrics.sent(data)
 
     def _broadcast(self, data: bytes, skip: _Conn | None = None) -> None:
         for conn in self.conns:
@@ -87,6 +92,7 @@ class Hub:
                 self._send(conn, data)
 
     def _on_snapshot(self, snap: EndpointSnapshot) -> None:
+        (self.metrics.scrape_failed if snap.stale else self.metrics.scrape_ok).inc()
         self._broadcast(wire.frame(wire.SNAPSHOT, wire.encode_snapshot(snap)))
 
     def _on_inserts(self, conn: _Conn, payload: bytes) -> None:
@@ -95,6 +101,8 @@ class Hub:
         self.replay_bytes += len(payload)
         while self.replay_bytes > REPLAY_LIMIT:
             self.replay_bytes -= len(self.replay.popleft())
+        self.metrics.inserts.inc(count_records(payload))
+        self.metrics.replay_bytes.set(self.replay_bytes)
 
     def _welcome(self, conn: _Conn) -> None:
         """What a (re)started worker needs: snapshots, health verdicts, the index so far."""
@@ -114,6 +122,7 @@ class Hub:
         """Serve the union of the live workers' sets; with no worker left keep the last one
         (a restarting worker comes back to warm state)."""
         live = [c for c in self.conns if c.pid]
+        self.metrics.workers.set(len(live))
         if not live:
             return
         probe: dict[str, wire.ProbeTarget] = {}
@@ -135,6 +144,10 @@ class Hub:
         if self.kv_subs is not None:
             self.kv_subs.set_sources(hub_sources(kv.values()))
             self.kv.forget(kv)
+        m = self.metrics.engines
+        m.labels("probe").set(len(probe))
+        m.labels("scrape").set(len(scrape))
+        m.labels("kv_events").set(len(kv))
 
     # --- connections ---------------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -152,6 +165,7 @@ class Hub:
                 elif kind == wire.HELLO:
                     conn.pid = int(wire.decode_hello(payload).get("pid", 0)) or -1
                     self._welcome(conn)
+                    self.metrics.workers.set(sum(1 for c in self.conns if c.pid))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except wire.decode_error() as exc:
@@ -185,6 +199,7 @@ class Hub:
                 log.exception("pod-state hub: probe round failed")
                 continue
             for key, ok in results:
+                (self.metrics.probe_ok if ok else self.metrics.probe_failed).inc()
                 if key in self.probe_targets:
                     self.probe_results[key] = ok
             self._broadcast(wire.frame(wire.PROBES, wire.encode_probes(results)))
@@ -228,8 +243,9 @@ class Hub:
 def main(settings_json: str, path: str, log_config: dict[str, Any]) -> None:
     """Entry point of the hub process (multiprocessing spawn target)."""
     logging.config.dictConfig(log_config)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is the supervisor's to handle
     settings = RouterSettings.from_json(settings_json)
+    ensure_multiprocess(settings.prometheus_dir)  # its metrics reach the admin's /metrics
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is the supervisor's to handle
     started = time.monotonic()
     try:
         asyncio.run(Hub(settings, path).serve())

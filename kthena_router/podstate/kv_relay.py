@@ -23,8 +23,9 @@ from . import wire
 
 
 class HubKvSink:
-    def __init__(self, broadcast: Callable[[bytes], None]) -> None:
+    def __init__(self, broadcast: Callable[[bytes], None], on_up: Callable[[int], None] | None = None) -> None:
         self.broadcast = broadcast
+        self.on_up = on_up  # streams up, after each change (the hub's gauge)
         self.blocks: dict[str, dict[int, None]] = {}  # endpoint key -> hashes (ordered set)
         self.up: dict[str, bool] = {}
         self._ops: list[wire.KvOp] = []
@@ -62,6 +63,7 @@ class HubKvSink:
 
     def set_stream_up(self, endpoint_id: str, up: bool) -> None:
         self.up[endpoint_id] = up
+        self._count_up()
         self._queue((wire.KV_UP if up else wire.KV_DOWN, endpoint_id, []))
 
     # --- a (re)connecting worker --------------------------------------------------------------
@@ -79,6 +81,11 @@ class HubKvSink:
         for d in (self.blocks, self.up):
             for key in [k for k in d if k not in live]:
                 del d[key]
+        self._count_up()
+
+    def _count_up(self) -> None:
+        if self.on_up is not None:
+            self.on_up(sum(self.up.values()))
 
 
 def hub_sources(specs: Iterable[wire.KvSpec]) -> dict[str, EventSource]:

@@ -4,7 +4,8 @@ scraper and prober would have put it, and the scheduler's inserts go out.
 - snapshots: `SharedScraper.inject` (stored as this worker's scrape, then the usual
   on_update chain: scheduler, PD pairer, KV-usage gauge, fairness);
 - probe results: `EndpointHealth.probe_result` of the endpoint, as a local probe would;
-- inserts of other workers: this worker's live scheduler index (endpoint key -> its id).
+- inserts of other workers: this worker's live scheduler index (endpoint key -> its id),
+  or a PD side's (records named by side, scheduling/insert_scopes.py).
 While connected the worker's own scraper and prober idle (their tasks keep ticking but
 send nothing); when the hub is gone they work again, from the state the hub left.
 """
@@ -26,6 +27,8 @@ from kthena_router.state import RouterState, StateHolder
 
 from . import wire
 from .client import PodStateClient
+from kthena_router.scheduling.insert_scopes import InsertTargets
+
 from .kv_relay import SharedKvSubscribers, apply_ops
 
 log = logging.getLogger(__name__)
@@ -69,12 +72,16 @@ def probe_targets(state: RouterState) -> tuple[wire.ProbeTarget, ...]:
 
 class PodStateLink:
     def __init__(self, settings: RouterSettings, holder: StateHolder, prober: HealthProber,
-                 scheduler: Callable[[], Any]) -> None:
+                 scheduler: Callable[[], Any], pd_pairer: Any = None) -> None:
         self.settings = settings
         self.holder = holder
         self.prober = prober
         self.scraper: SharedScraper | None = None
         self.scheduler = scheduler  # the live Scheduler (a reload may replace it), or None
+        self.pd_pairer = pd_pairer  # its side schedulers' inserts are relayed too (scoped)
+        self.targets = InsertTargets(scheduler, lambda: self.pd_pairer)
+        if pd_pairer is not None:
+            pd_pairer.set_insert_listener("pod-state", self._send_insert)
         self._probe: tuple[wire.ProbeTarget, ...] = ()
         self._scrape: tuple[wire.ScrapeSpec, ...] = ()
         self._kv: tuple[wire.KvSpec, ...] = ()
@@ -156,14 +163,9 @@ class PodStateLink:
                 ep.health.probe_result(ok)
 
     def _inserts(self, payload: bytes) -> None:
-        sched = self.scheduler()
-        if sched is None:
-            return
-        index, ids = sched.index, sched.endpoint_id
+        insert = self.targets.insert
         for key, chain in wire.decode_inserts(payload):
-            ep_id = ids(key)
-            if ep_id is not None and chain:
-                index.insert(ep_id, BlockHashes.from_bytes(chain))
+            if chain and insert(key, BlockHashes.from_bytes(chain)):
                 self.inserts_applied += 1
 
     def _matcher(self) -> Any:

@@ -37,11 +37,16 @@ class HubProcess:
         self.log_config = log_config
         self.proc: Any = None
         self.starts = 0
+        self.metrics: Any = None  # HubRestarts, created at the first start (file-backed by then)
         self._stopped = False
 
     def start(self) -> None:
         from . import hub
 
+        if self.metrics is None:
+            from .hub_metrics import HubRestarts
+
+            self.metrics = HubRestarts()
         ctx = multiprocessing.get_context("spawn")
         self.proc = ctx.Process(target=hub.main, name="kthena-pod-state-hub", daemon=True,
                                 args=(self.settings.to_json(), self.settings.pod_state_socket, self.log_config))
@@ -61,6 +66,12 @@ class HubProcess:
         if self._stopped or self.proc is None or self.proc.is_alive():
             return
         log.warning("pod-state hub (pid %s) exited with %s; restarting it", self.proc.pid, self.proc.exitcode)
+        if self.settings.prometheus_dir:  # its live gauges go; its counters stay summed
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(self.proc.pid, self.settings.prometheus_dir)
+        if self.metrics is not None:
+            self.metrics.restarts.inc()
         self.start()
 
     def stop(self) -> None:

@@ -47,6 +47,7 @@ from ..pd.config import DEFAULT_PD, PdSettings
 from ..config.checks import check_list as _list, type_name as _type_name
 from ..config.yaml_source import StrictLoader as _StrictLoader, decode_config_text, yaml_problem as _yaml_problem
 from ..session.config import StickySettings, parse_session_sticky
+from .exact_auto import DEFAULT_KV_EVENTS, KvEventsSettings, parse_kv_events
 from .plugins import FILTER_PLUGINS, PLUGINS, REFUSED_PLUGINS, SCORE_PLUGINS, ArgSpec, arg_default, args_class
 
 __all__ = [
@@ -169,6 +170,8 @@ class RouterConfiguration:
     scale_from_zero: ScaleFromZeroSettings = DEFAULT_SCALE_FROM_ZERO
     # ours: prefix ownership shared by router replicas through Redis (kthena_router/shared_index)
     shared_index: SharedIndexSettings | None = None
+    # ours: exact KV-event matching for prefix-cache pipelines (scheduling/exact_auto.py)
+    kv_events: KvEventsSettings = DEFAULT_KV_EVENTS
 
 
 # Our pipeline when the file has no `scheduler` (Kthena's Helm chart default).
@@ -422,7 +425,7 @@ def router_configuration_from_object(
     from ..pd.config_parse import parse_pd  # it imports this module (the scheduler-section parser)
 
     m = _mapping(c, obj, "", ("scheduler", "auth", "sessionSticky", "traffic", "rateLimits", "fairness", "pd",
-                              "externalProviders", "scaleFromZero", "sharedPrefixIndex"))
+                              "externalProviders", "scaleFromZero", "sharedPrefixIndex", "kvEvents"))
     scheduler: SchedulerSettings | None = None
     auth = None
     sticky = None
@@ -433,6 +436,7 @@ def router_configuration_from_object(
     external = DEFAULT_PROVIDER_SETTINGS
     scale_from_zero = DEFAULT_SCALE_FROM_ZERO
     shared_index = None
+    kv_events = DEFAULT_KV_EVENTS
     if m is not None:
         scheduler = _scheduler(c, m.get("scheduler"))
         traffic = parse_traffic(c, m.get("traffic"))
@@ -444,6 +448,7 @@ def router_configuration_from_object(
         external = parse_external_providers(c, m.get("externalProviders"), c.base_dir)
         scale_from_zero = parse_scale_from_zero(c, m.get("scaleFromZero"))
         shared_index = parse_shared_index(c, m.get("sharedPrefixIndex"))
+        kv_events = parse_kv_events(c, m.get("kvEvents"))
         if shared_index is not None and scheduler is not None \
                 and not any(scheduler.enabled(n) for n in ("prefix-cache", "kvcache-aware")):
             c.err("sharedPrefixIndex", "needs prefix-cache or kvcache-aware in scheduler.plugins.Score.enabled "
@@ -452,7 +457,8 @@ def router_configuration_from_object(
         raise ConfigError(c.problems or [ConfigProblem(source, document, "", "invalid configuration")])
     return RouterConfiguration(scheduler, auth, sticky, source, digest, tuple(c.warnings), traffic,
                                rate_limits=rate_limits, fairness=fairness, pd=pd, external_providers=external,
-                               scale_from_zero=scale_from_zero, shared_index=shared_index)
+                               scale_from_zero=scale_from_zero, shared_index=shared_index,
+                               kv_events=kv_events)
 
 
 def _load_yaml(text: str, source: str, document: str, first_index: int = 1) -> list[Any]:

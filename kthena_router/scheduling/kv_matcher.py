@@ -12,8 +12,8 @@ Event source of an endpoint (file mode: Endpoints labels; Kubernetes: the pod's 
 plugin's kvEventsPort / kvEventsReplayPort (vLLM's 5557 / 5558).
 
 Fallback (metric `kthena_router_kvcache_aware_fallback_total{model,reason}`, counted here):
-endpoints whose stream is not up get the approximate prefix-cache match, rescaled to
-token blocks (reason `stream_down`); a request without a usable tokenizer or template
+endpoints whose stream is not up, or that have none, get the approximate prefix-cache
+match, rescaled to token blocks (reason `stream_down` when a subscribed stream is not up); a request without a usable tokenizer or template
 uses prefix-cache alone (`no_tokenizer`, `tokenize_error`).
 
 Prompts of OFFLOAD_CHARS or more are tokenized on a thread before scheduling (prepare()),
@@ -62,9 +62,13 @@ def hash_memo_blocks(args: KvCacheAwareArgs) -> int:
     return files * args.tokenizer_cache_tokens // args.block_size_to_hash
 
 
-def event_source(ip: str, labels: Mapping[str, str], args: KvCacheAwareArgs) -> EventSource | None:
+def event_source(ip: str, labels: Mapping[str, str], args: KvCacheAwareArgs,
+                 labelled_only: bool = False) -> EventSource | None:
     """The endpoint's publisher address from its labels, else the plugin defaults; None if
-    the labels are unusable."""
+    the labels are unusable, or absent with `labelled_only` (automatic exact matching
+    follows only endpoints that advertise a stream)."""
+    if labelled_only and LABEL_PORT not in labels:
+        return None
     try:
         port = int(labels.get(LABEL_PORT, args.kv_events_port))
         rp = labels.get(LABEL_REPLAY_PORT, str(args.kv_events_replay_port))
@@ -104,8 +108,10 @@ class KvAwareMatcher:
     """The Scheduler's `kv_matcher` (scheduler.KvAwareMatcher protocol)."""
 
     def __init__(self, args: KvCacheAwareArgs, metrics: RouterMetrics, *,
-                 subscriber_options: Mapping[str, Any] | None = None) -> None:
+                 subscriber_options: Mapping[str, Any] | None = None, auto: bool = False) -> None:
         self.args = args
+        # auto: runs under prefix-cache (scheduling/exact_auto.py), for labelled endpoints only
+        self.auto = auto
         self.metrics = metrics
         self.table = KvOwnership(DEFAULT_CAPACITY, SCHEME, args.hash_seed,
                                  hash_memo_blocks=hash_memo_blocks(args))
@@ -115,6 +121,8 @@ class KvAwareMatcher:
         self._keys: dict[int, str] = {}
         self._up: set[int] = set()
         self._down_ids: frozenset[int] = frozenset()  # subscribed, stream not up
+        self.sourced: frozenset[int] = frozenset()  # ids with an event source (subscribed)
+        self.generation = 0  # bumped when `sourced` changes (the scheduler caches per view)
         self.subscribers = KvEventSubscribers(_Sink(self), on_status=self._on_status,
                                               options=dict(subscriber_options or {}))
 
@@ -132,6 +140,10 @@ class KvAwareMatcher:
                 self._keys[i] = key
                 self.table.set_stream_down(i, True)  # until its stream is up
         self._refresh_down()
+        sourced = frozenset(self.ids.values())
+        if sourced != self.sourced:
+            self.sourced = sourced
+            self.generation += 1
         self.subscribers.set_sources({k: src for k, (_, src) in endpoints.items()})
 
     def stream_changed(self, key: str, up: bool) -> None:
@@ -180,12 +192,13 @@ class KvAwareMatcher:
         except (TypeError, ValueError, OverflowError):  # token ids that are not u32
             self.metrics.kv_fallback_used(info.model_label, "tokenize_error")
             return None
-        down = self._down_ids
-        if down:
+        if self._down_ids:
             self.metrics.kv_fallback_used(info.model_label, "stream_down")
-            if approx and approx_total and n:
-                # approximate byte-block fraction -> token blocks of this prompt
-                matches.extend((e, m * n // approx_total) for e, m in approx if e in down and m * n >= approx_total)
+        if approx and approx_total and n:
+            # endpoints without an up stream (down, or none advertised): the approximate
+            # byte-block fraction -> token blocks of this prompt
+            up = self._up
+            matches.extend((e, m * n // approx_total) for e, m in approx if e not in up and m * n >= approx_total)
         return matches, n
 
     def _tokens(self, info: RequestInfo) -> Any:

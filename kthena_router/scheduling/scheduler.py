@@ -62,12 +62,17 @@ class KvAwareMatcher(Protocol):
     (the scheduler then uses `approx`, i.e. prefix-cache behaviour). The matcher counts
     its fallbacks in kthena_router_kvcache_aware_fallback_total itself (scheduling/kv_matcher.py)."""
 
+    sourced: frozenset[int]  # endpoint ids with an event stream (subscribed)
+    generation: int  # bumped when `sourced` changes
+
+    async def prepare(self, info: RequestInfo) -> None: ...
+
     def match(self, info: RequestInfo, approx: list[tuple[int, int]] | None,
               approx_total: int) -> tuple[list[tuple[int, int]], int] | None: ...
 
 
 class _ServerView:
-    __slots__ = ("key", "label", "scorer", "eps", "by_id", "guard_seen")
+    __slots__ = ("key", "label", "scorer", "eps", "by_id", "guard_seen", "kv_gen", "kv_any")
 
     def __init__(self, key: ServerKey, scorer: Scorer) -> None:
         self.key = key
@@ -76,6 +81,8 @@ class _ServerView:
         self.eps: Sequence[EndpointState] | None = None  # the tuple the view was built for
         self.by_id: dict[int, EndpointState] = {}
         self.guard_seen = 0  # scorer.hot_spot_count already added to the metric
+        self.kv_gen = -1  # the matcher generation kv_any was computed for (-1: stale)
+        self.kv_any = False  # automatic exact matching: an endpoint of this view has a stream
 
 
 class Scheduler:
@@ -125,10 +132,14 @@ class Scheduler:
     # --- configuration / endpoint set ----------------------------------------------------
     async def prepare(self, info: RequestInfo) -> None:
         """Work that may block (tokenizing a long prompt) done before candidates(), off the loop."""
-        if self.kv_matcher is not None:
-            await self.kv_matcher.prepare(info)
+        m = self.kv_matcher
+        if m is not None and (self.kv_aware or m.sourced):
+            await m.prepare(info)
 
     def set_kv_matcher(self, matcher: KvAwareMatcher | None) -> None:
+        """kvcache-aware's matcher; or, under prefix-cache, the automatic one
+        (scheduling/exact_auto.py), consulted only for views with an endpoint that has a
+        stream, so a pipeline whose endpoints publish nothing pays nothing for it."""
         self.kv_matcher = matcher
 
     def sync(self, targets: Mapping[ServerKey, Sequence[EndpointState]]) -> list[EndpointState]:
@@ -185,6 +196,7 @@ class Scheduler:
                     self._push(scorer, ep_id, snap)
         view.eps = eps
         view.by_id = by_id
+        view.kv_gen = -1
         self._rebuild_scorers_of()
 
     def _rebuild_scorers_of(self) -> None:
@@ -222,7 +234,7 @@ class Scheduler:
             if info.lora:
                 lora_id = self._lora_id(info.lora)
             if self.use_prefix:
-                matches, total = self._match(info)
+                matches, total = self._match(info, view)
             if self.use_key:
                 hash_key = self._prefix_key(info)
         best_fraction = max(matches, key=_best)[1] / total if matches and total else 0.0
@@ -280,15 +292,24 @@ class Scheduler:
             info.prefix_key = None if prompt is None else prefix_key(prompt, tag[0], tag[2], tag[1])
         return info.prefix_key
 
-    def _match(self, info: RequestInfo) -> tuple[list[tuple[int, int]] | None, int]:
+    def _match(self, info: RequestInfo, view: _ServerView) -> tuple[list[tuple[int, int]] | None, int]:
         matches, total = self.approx_match(info)
         if matches is None:
             return None, 0
+        m = self.kv_matcher
         if self.kv_aware:
-            if self.kv_matcher is None:
+            if m is None:
                 self.metrics.kv_fallback_used(info.model_label, self._kv_fallback_reason)
             else:  # the matcher counts its own fallbacks (with their reasons)
-                exact = self.kv_matcher.match(info, matches, total)
+                exact = m.match(info, matches, total)
+                if exact is not None:
+                    matches, total = exact
+        elif m is not None:  # automatic exact matching under prefix-cache
+            if view.kv_gen != m.generation:
+                view.kv_gen = m.generation
+                view.kv_any = not m.sourced.isdisjoint(view.by_id)
+            if view.kv_any:
+                exact = m.match(info, matches, total)
                 if exact is not None:
                     matches, total = exact
         return matches, total

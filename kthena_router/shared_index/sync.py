@@ -17,7 +17,9 @@ coordination) and endpoints are named by address, the same in every replica. Bou
 approximate: XADD trims entries older than `ttl` (MINID, approximate), XTRIM caps the
 length at `maxEntries`, the key expires `ttl` after the last publish, readers skip entries
 older than `ttl`, and every local index keeps its own LRU capacity per endpoint.
-A new replica reads the last `ttl` of the stream at start (warm start).
+A new replica reads the last `ttl` of the stream at start (warm start). PD side
+schedulers share through the same stream: their records' endpoint names carry their
+side (scheduling/insert_scopes.py).
 
 Outage: a failed or timed-out round trip marks Redis down for `redisRetry` (errors
 counted, `kthena_router_shared_index_redis_up` 0); routing goes on with the local index;
@@ -34,7 +36,6 @@ import struct
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
@@ -59,12 +60,10 @@ Record = tuple[str, bytes]  # (endpoint "ip:port", chain as little-endian u64 wo
 
 
 class IndexTarget(Protocol):
-    """What the sync merges into: the live Scheduler (re-read each round: reloads swap it)."""
+    """What the sync merges into: the worker's live indexes, the plain scheduler's and the
+    PD sides' (scheduling/insert_scopes.InsertTargets: records name their index)."""
 
-    def endpoint_id(self, ep_key: str) -> int | None: ...
-
-    @property
-    def index(self) -> Any: ...
+    def insert(self, key: str, hashes: BlockHashes) -> bool: ...
 
 
 class SharedIndexMetrics:
@@ -120,7 +119,7 @@ def decode(blob: bytes) -> list[Record]:
 
 
 class SharedIndexSync:
-    def __init__(self, settings: SharedIndexSettings, target: Callable[[], IndexTarget],
+    def __init__(self, settings: SharedIndexSettings, target: IndexTarget,
                  metrics: SharedIndexMetrics) -> None:
         self.settings = settings
         self.target = target
@@ -213,8 +212,7 @@ class SharedIndexSync:
         if not entries:
             return
         oldest = now_ms - int(self.settings.ttl_s * 1000)
-        target = self.target()
-        index = target.index
+        insert = self.target.insert
         merged = 0
         for entry_id, fields in entries:
             eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
@@ -222,9 +220,8 @@ class SharedIndexSync:
             if fields.get(b"r") == self.replica or int(eid.split("-", 1)[0]) < oldest:
                 continue
             for ep_key, chain in decode(fields.get(b"d", b"")):
-                ep_id = target.endpoint_id(ep_key)
-                if ep_id is not None and chain:  # endpoints this replica does not route to are skipped
-                    index.insert(ep_id, BlockHashes.from_bytes(chain))
+                # endpoints (or PD sides) this replica does not route to are skipped
+                if chain and insert(ep_key, BlockHashes.from_bytes(chain)):
                     merged += 1
         if merged:
             self.metrics.merged.inc(merged)

@@ -1,0 +1,177 @@
+"""Exact KV-event matching by default (scheduling/exact_auto.py): a prefix-cache +
+least-request router whose configuration gives kvcache-aware's tokenizers matches
+exactly on the endpoints that advertise a KV-event port, and approximately elsewhere.
+
+Real simulator engines (physics mode, publishing vLLM KV events over ZMQ) and real
+routers. Engines 0 and 1 carry the `kthena.io/kv-events-port` labels, engine 2 does not.
+- Prompts sent straight to an engine (never through the router) fill its cache; the
+  `auto` router then sends them to that engine (it learned them from the engine's
+  events), while a router with `kvEvents.exactMatching: off` knows nothing of them.
+- The unlabelled engine keeps the approximate index's affinity (dispatch-time inserts).
+- An engine whose stream stops falls back to the approximate index, per endpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import harness
+from loadtest.shared_prefix.cluster import free_port_block
+
+TOKENIZER = harness.REPO / "loadtest" / "simulator" / "tokenizer" / "tokenizer.json"
+ENGINES = 3
+LABELLED = (0, 1)
+GROUPS = 6
+BEST = """\
+scheduler:
+  pluginConfig:
+  - name: kvcache-aware
+    args:
+      tokenizers: {{demo: {tok}}}
+      hashSeed: "0"
+  plugins:
+    Score:
+      enabled:
+      - {{name: prefix-cache, weight: 1}}
+      - {{name: least-request, weight: 1}}
+{extra}"""
+
+
+def config_docs(ports: list[int], kv_base: int) -> list[dict[str, Any]]:
+    labels = {"app": "demo"}
+    eps = []
+    for i, p in enumerate(ports):
+        ep_labels = dict(labels)
+        if i in LABELLED:
+            ep_labels.update({"kthena.io/kv-events-port": str(kv_base + 2 * i),
+                              "kthena.io/kv-events-replay-port": str(kv_base + 2 * i + 1)})
+        eps.append({"address": harness.HOST, "port": p, "labels": ep_labels})
+    return [harness.route_doc("demo", "demo", "demo"), harness.server_doc("demo", "demo", labels),
+            {"apiVersion": harness.ENDPOINTS_API, "kind": "Endpoints", "metadata": {"name": "demo-engines"},
+             "spec": {"endpoints": eps}}]
+
+
+def messages(tag: str, g: int) -> list[dict[str, str]]:
+    system = f"You are the assistant of team {tag}-{g}. " + "Answer briefly and cite the house rules. " * 40
+    return [{"role": "system", "content": system}, {"role": "user", "content": "what now?"}]
+
+
+def post(url: str, tag: str, g: int, rid: str) -> None:
+    with httpx.Client(timeout=60) as c:
+        r = c.post(url + "/v1/chat/completions", headers={"x-request-id": rid},
+                   json={"model": "demo", "max_tokens": 2, "messages": messages(tag, g)})
+    assert r.status_code == 200, r.text
+
+
+def served_by(sim: harness.Simulator, rid: str) -> int:
+    (i,) = [i for i in range(ENGINES) if any(e["request_id"] == rid for e in sim.requests(i)["log"])]
+    return i
+
+
+def ownership(router: harness.Router) -> dict[str, Any]:
+    r = router.admin_get("/debug/kv_ownership")
+    r.raise_for_status()
+    return dict(r.json()["workers"][0]["endpoints"])
+
+
+def engine_seq(sim: harness.Simulator, i: int) -> int:
+    r = httpx.get(f"{sim.admin_url}/admin/engines/{i}/cache", timeout=30)
+    r.raise_for_status()
+    (rank0,) = r.json()
+    return int(rank0["last_seq"])
+
+
+def metric(router: harness.Router, name: str, **labels: str) -> float:
+    return harness.metric_value(harness.parse_metrics(router.metrics_text()), name, **labels)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[harness.Simulator, harness.Router,
+                                                                      harness.Router, list[str]]]:
+    tmp = tmp_path_factory.mktemp("kvdef")
+    kv_base = free_port_block(2 * ENGINES)
+    sim = harness.start_simulator(tmp, ENGINES, extra_args=["--kv-events-port-base", str(kv_base)])
+    routers: list[harness.Router] = []
+    try:
+        config = harness.write_config(tmp / "routes.yaml", config_docs(sim.ports, kv_base))
+        auto = harness.write_config(tmp / "auto.yaml", BEST.format(tok=TOKENIZER, extra=""))
+        off = harness.write_config(tmp / "off.yaml", BEST.format(tok=TOKENIZER, extra="kvEvents: {exactMatching: off}\n"))
+        routers.append(harness.start_router(config, tmp, extra_args=["--router-config", str(auto)]))
+        routers.append(harness.start_router(config, tmp, extra_args=["--router-config", str(off)]))
+        keys = [f"{harness.HOST}:{p}" for p in sim.ports]
+        yield sim, routers[0], routers[1], keys
+    finally:
+        for r in routers:
+            r.stop()
+        sim.stop()
+
+
+def test_only_labelled_endpoints_are_followed_and_off_follows_none(setup: Any) -> None:
+    sim, auto, off, keys = setup
+    harness.wait_until(lambda: {k: e["state"] for k, e in ownership(auto).items()}
+                       == {keys[i]: "up" for i in LABELLED}, 60, interval=0.2, what="labelled streams up, only")
+    assert off.admin_get("/debug/kv_ownership").status_code == 404  # no matcher at all
+    assert metric(auto, "kthena_router_kv_events_stream_up", endpoint=keys[0]) == 1
+
+
+def warm_directly(sim: harness.Simulator, router: harness.Router, tag: str, keys: list[str]) -> None:
+    """Group g's prompt straight to labelled engine g % 2; then wait until `router` applied
+    each engine's last KV-event batch."""
+    for g in range(GROUPS):
+        i = LABELLED[g % len(LABELLED)]
+        post(f"http://{harness.HOST}:{sim.ports[i]}", tag, g, f"warm-{tag}{g}")
+    for i in LABELLED:
+        seq = engine_seq(sim, i)
+        harness.wait_until(lambda i=i, seq=seq: (ownership(router)[keys[i]]["last_seq"] or 0) >= seq, 30,
+                           interval=0.1, what=f"router caught up with engine {i}")
+
+
+def test_auto_routes_to_the_engine_that_holds_the_prefix_off_does_not(setup: Any) -> None:
+    sim, auto, off, keys = setup
+    want = [LABELLED[g % len(LABELLED)] for g in range(GROUPS)]
+    warm_directly(sim, auto, "p", keys)
+    before = metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down")
+    for g in range(GROUPS):
+        post(auto.base_url, "p", g, f"auto-p{g}")
+    assert [served_by(sim, f"auto-p{g}") for g in range(GROUPS)] == want
+    assert metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down") == before
+    # the control: the same pipeline without exact matching cannot know what the engines
+    # hold (each group lands on the warmed engine with probability ~1/3)
+    warm_directly(sim, auto, "q", keys)
+    for g in range(GROUPS):
+        post(off.base_url, "q", g, f"off-q{g}")
+    got = [served_by(sim, f"off-q{g}") for g in range(GROUPS)]
+    assert got != want, got
+
+
+def test_endpoint_without_a_stream_keeps_approximate_affinity(setup: Any) -> None:
+    sim, auto, _, _ = setup
+    with ThreadPoolExecutor(8) as pool:  # together: least-request spreads them over the engines
+        list(pool.map(lambda g: post(auto.base_url, "r", g, f"r1-{g}"), range(8)))
+    chosen = [served_by(sim, f"r1-{g}") for g in range(8)]
+    assert 2 in chosen, chosen  # the unlabelled engine got some (else this test says nothing)
+    for g in range(8):
+        post(auto.base_url, "r", g, f"r2-{g}")
+    assert [served_by(sim, f"r2-{g}") for g in range(8)] == chosen
+
+
+def test_stopped_stream_falls_back_to_the_approximate_index(setup: Any) -> None:
+    sim, auto, _, keys = setup  # last: a stopped publisher stays stopped
+    r = httpx.post(f"{sim.admin_url}/admin/engines/0/kv_events/stop", timeout=30)
+    r.raise_for_status()
+    harness.wait_until(lambda: metric(auto, "kthena_router_kv_events_stream_up", endpoint=keys[0]) == 0, 30,
+                       interval=0.1, what="engine 0's stream down in the router")
+    assert ownership(auto)[keys[0]]["blocks"] == []  # nothing trusted from a dead stream
+    before = metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down")
+    # group g of "p" went to engine g % 2 through this router: its dispatch-time inserts
+    # keep engine 0's groups there although its stream is gone
+    for g in range(0, GROUPS, 2):
+        post(auto.base_url, "p", g, f"down-p{g}")
+        assert served_by(sim, f"down-p{g}") == 0, g
+    assert metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down") > before
