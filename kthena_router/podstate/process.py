@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -52,8 +53,11 @@ class HubProcess:
                                 args=(self.settings.to_json(), self.settings.pod_state_socket, self.log_config))
         self.proc.start()
         self.starts += 1
-        try:
-            (Path(self.settings.runtime_dir) / PID_NAME).write_text(str(self.proc.pid))
+        try:  # atomically: a reader never sees an empty file
+            target = Path(self.settings.runtime_dir) / PID_NAME
+            tmp = target.with_name(f".{PID_NAME}.tmp")
+            tmp.write_text(str(self.proc.pid))
+            os.replace(tmp, target)
         except OSError:
             pass
 

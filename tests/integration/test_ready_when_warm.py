@@ -66,10 +66,11 @@ def test_an_engine_without_event_stream_delays_readiness_only_up_to_the_bound(tm
     t0 = time.monotonic()
     sim, router = start(tmp_path, kv_base, nowhere, timeout_s=bound_s, workers=2)
     with sim, router:
-        harness.wait_until(lambda: "warming up" in readyz(router)[1], 60, interval=0.02,
-                           what="/readyz reporting the warm-up")
+        # first the scrapes, then the streams of the engines that answered
+        harness.wait_until(lambda: "KV-event stream of" in readyz(router)[1], 60, interval=0.02,
+                           what="/readyz reporting the warm-up on the KV-event streams")
         code, reason = readyz(router)
-        assert code == 503 and "KV-event stream of" in reason, reason
+        assert code == 503 and "warming up" in reason, reason
         assert f"{harness.HOST}:{sim.ports[0]}" in reason
         warming_seen = time.monotonic()
         harness.wait_until(lambda: readyz(router)[0] == 200, 60, interval=0.05, what="/readyz 200 after the bound")
