@@ -20,9 +20,9 @@ from test_scheduling_scheduler import endpoints
 
 
 def test_scoped_keys_round_trip_and_plain_keys_are_unchanged() -> None:
-    got: list[tuple[str, list[int]]] = []
-    scoped(PD_PREFILL, lambda k, h: got.append((k, h.tolist())))("10.0.0.1:8000", BlockHashes([1, 2]))
-    scoped("", lambda k, h: got.append((k, h.tolist())))("10.0.0.1:8000", BlockHashes([3]))
+    got: list[tuple[str, bytes]] = []
+    scoped(PD_PREFILL, lambda k, h: got.append((k, h.to_bytes())))("10.0.0.1:8000", BlockHashes([1, 2]))
+    scoped("", lambda k, h: got.append((k, h.to_bytes())))("10.0.0.1:8000", BlockHashes([3]))
     assert [split(k) for k, _ in got] == [(PD_PREFILL, "10.0.0.1:8000"), ("", "10.0.0.1:8000")]
     # the Redis records carry them as they are (u8 length: short enough)
     assert decode(encode([(k, h) for k, h in got])) == got
@@ -78,7 +78,8 @@ def test_pd_sides_send_scoped_records_and_targets_apply_them_to_the_right_side()
 
 
 def test_hub_counts_insert_records_from_their_headers() -> None:
-    payload = wire.encode_insert("10.0.0.1:8000", [1, 2, 3]) + wire.encode_insert("pd-prefill\x00[::1]:9", [])
+    payload = (wire.encode_insert("10.0.0.1:8000", BlockHashes([1, 2, 3]).to_bytes())
+               + wire.encode_insert("pd-prefill\x00[::1]:9", b""))
     assert count_records(payload) == 2
     assert count_records(payload[:-1]) == 1  # a truncated record is not counted
     assert count_records(b"") == 0
