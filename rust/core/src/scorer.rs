@@ -26,7 +26,10 @@ pub fn request_hash(request_id: &[u8]) -> u64 {
 /// Seconds on a monotonic clock shared by the process (prefill-cost's pending work).
 pub fn now_s() -> f64 {
     static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    EPOCH.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
 }
 
 /// What the router knows about one endpoint.
@@ -84,7 +87,8 @@ impl Signals {
     /// yet the work is kept undecayed.
     pub fn pending_blocks_at(&self, now: f64) -> f64 {
         let dt = now - self.pending_at;
-        if self.pending_blocks <= 0.0 || !(self.ttft_s > 0.0) || !(dt > 0.0) {
+        let decays = self.ttft_s > 0.0 && dt > 0.0; // false for NaN
+        if self.pending_blocks <= 0.0 || !decays {
             return self.pending_blocks.max(0.0);
         }
         self.pending_blocks * (-dt / self.ttft_s).exp()

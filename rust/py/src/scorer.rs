@@ -155,7 +155,10 @@ impl Scorer {
         d.set_item("kv_usage", s.kv_usage)?;
         d.set_item("ttft_s", s.ttft_s)?;
         d.set_item("tpot_s", s.tpot_s)?;
-        d.set_item("pending_blocks", s.pending_blocks_at(kthena_core::scorer::now_s()))?;
+        d.set_item(
+            "pending_blocks",
+            s.pending_blocks_at(kthena_core::scorer::now_s()),
+        )?;
         d.set_item("stale", s.stale)?;
         d.set_item("loras", s.loras.clone())?;
         d.set_item("max_loras", s.max_loras)?;

@@ -117,7 +117,10 @@ mod tests {
         sc.observe_latency(7, 1.0, f64::NAN);
         sc.observe_dispatch_at(7, 5.0, 3.0); // 40 / e + 5
         let got = sc.signals(7).unwrap().pending_blocks_at(3.0);
-        assert!((got - (40.0 / std::f64::consts::E + 5.0)).abs() < 1e-9, "{got}");
+        assert!(
+            (got - (40.0 / std::f64::consts::E + 5.0)).abs() < 1e-9,
+            "{got}"
+        );
         sc.observe_dispatch_at(7, f64::NAN, 3.0); // ignored
         assert_eq!(sc.signals(7).unwrap().pending_blocks_at(3.0), got);
         // the router's last request there finished: nothing of ours is pending
