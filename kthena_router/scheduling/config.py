@@ -48,7 +48,8 @@ from ..config.checks import check_list as _list, type_name as _type_name
 from ..config.yaml_source import StrictLoader as _StrictLoader, decode_config_text, yaml_problem as _yaml_problem
 from ..session.config import StickySettings, parse_session_sticky
 from .exact_auto import DEFAULT_KV_EVENTS, KvEventsSettings, parse_kv_events
-from .plugins import FILTER_PLUGINS, PLUGINS, REFUSED_PLUGINS, SCORE_PLUGINS, ArgSpec, arg_default, args_class
+from .plugins import (FILTER_PLUGINS, PLUGINS, PREFIX_PLUGINS, REFUSED_PLUGINS, SCORE_PLUGINS, ArgSpec, arg_default,
+                      args_class)
 
 __all__ = [
     "AuthConfig", "EmptyArgs", "KvCacheAwareArgs", "LeastLatencyArgs", "LeastRequestArgs",
@@ -450,8 +451,8 @@ def router_configuration_from_object(
         shared_index = parse_shared_index(c, m.get("sharedPrefixIndex"))
         kv_events = parse_kv_events(c, m.get("kvEvents"))
         if shared_index is not None and scheduler is not None \
-                and not any(scheduler.enabled(n) for n in ("prefix-cache", "kvcache-aware")):
-            c.err("sharedPrefixIndex", "needs prefix-cache or kvcache-aware in scheduler.plugins.Score.enabled "
+                and not any(scheduler.enabled(n) for n in PREFIX_PLUGINS):
+            c.err("sharedPrefixIndex", f"needs one of {', '.join(PREFIX_PLUGINS)} in scheduler.plugins.Score.enabled "
                   "(without one no prompt is hashed, so there is nothing to share)")
     if c.problems or scheduler is None:
         raise ConfigError(c.problems or [ConfigProblem(source, document, "", "invalid configuration")])

@@ -17,7 +17,7 @@ PROMPT_PATHS = frozenset((CHAT_PATH, "/v1/completions"))
 
 class RequestInfo:
     __slots__ = ("request_id", "path", "obj", "model", "lora", "model_label", "hashes", "hash_tag", "prompt_bytes",
-                 "tokens", "tokens_ready", "key_tag", "prefix_key", "_rendered")
+                 "tokens", "tokens_ready", "key_tag", "prefix_key", "matched", "_rendered")
 
     def __init__(self, request_id: str, path: str, obj: Any, model: str, lora: str, model_label: str) -> None:
         self.request_id = request_id
@@ -36,6 +36,9 @@ class RequestInfo:
         # prefix-hash-bounded's key and the (block size, blocks, seed) it was computed with
         self.key_tag: tuple[int, int, int] | None = None
         self.prefix_key: int | None = None
+        # prefill-cost: (scheduler, {endpoint id: matched blocks}, total blocks) of the last
+        # decision, so that the dispatch can tell the chosen engine's uncached blocks
+        self.matched: tuple[Any, dict[int, int], int] | None = None
         self._rendered: Any = _UNSET  # prompt(), rendered once (prefix-cache and the key share it)
 
     def prompt_chars(self) -> int:

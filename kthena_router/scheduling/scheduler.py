@@ -109,6 +109,8 @@ class Scheduler:
         ka = cfg.args.get("prefix-hash-bounded")
         self.key_args = ka if isinstance(ka, PrefixHashBoundedArgs) else PrefixHashBoundedArgs()
         self.use_key = any(cfg.enabled(n) for n in KEY_PLUGINS)
+        # prefill-cost learns each engine's cost of a queued request from the dispatches
+        self.learn_cost = cfg.enabled("prefill-cost")
         self.kv_matcher: KvAwareMatcher | None = None
         fixed = self.prefix_args.max_hash_cache_size
         self.index = PrefixIndex(fixed if fixed is not None else DEFAULT_INDEX_CAPACITY)
@@ -237,6 +239,8 @@ class Scheduler:
                 matches, total = self._match(info, view)
             if self.use_key:
                 hash_key = self._prefix_key(info)
+        if self.learn_cost and info is not None:
+            info.matched = (self, dict(matches) if matches else {}, total)
         best_fraction = max(matches, key=_best)[1] / total if matches and total else 0.0
         if self.balance_misses and total and best_fraction < MISS_FRACTION:
             matches = self._room(view, total)
@@ -344,8 +348,13 @@ class Scheduler:
         ep_id = self._ids.get(ep.key)
         if ep_id is None:
             return
-        for scorer in self._scorers_of.get(ep.key, ()):
+        scorers = self._scorers_of.get(ep.key, ())
+        for scorer in scorers:
             scorer.add_in_flight(ep_id, 1)
+        if self.learn_cost and info is not None and info.matched is not None and info.matched[0] is self:
+            _, matched, total = info.matched
+            for scorer in scorers:
+                scorer.observe_dispatch(ep_id, float(total - matched.get(ep_id, 0)))
         if info is not None and info.hashes is not None and len(info.hashes):
             self.index.insert(ep_id, info.hashes)
             if self.insert_listeners:

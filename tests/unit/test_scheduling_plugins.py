@@ -30,7 +30,7 @@ def test_python_lists_equal_the_rust_registry():
     # Kthena's plugin names, all present (a registry edit must not drop one by accident), and ours.
     assert set(config.SCORE_PLUGINS) == {"random", "round-robin", "least-request", "least-latency",
                                          "gpu-usage", "prefix-cache", "kvcache-aware", "lora-affinity",
-                                         "prefix-hash-bounded"}
+                                         "prefix-hash-bounded", "prefill-cost"}
     assert set(config.FILTER_PLUGINS) == {"least-request", "lora-affinity"}
     assert set(config.REFUSED_PLUGINS) == {"session-affinity", "cost-aware"}
 

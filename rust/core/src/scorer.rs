@@ -23,6 +23,15 @@ pub fn request_hash(request_id: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(request_id)
 }
 
+/// Seconds on a monotonic clock shared by the process (prefill-cost's pending work).
+pub fn now_s() -> f64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
+}
+
 /// What the router knows about one endpoint.
 #[derive(Clone, Debug)]
 pub struct Signals {
@@ -41,6 +50,11 @@ pub struct Signals {
     /// Mean TTFT and time per output token, seconds; NaN = no sample yet.
     pub ttft_s: f64,
     pub tpot_s: f64,
+    /// Prefill work dispatched here and presumably not done yet (prefill-cost): uncached
+    /// prompt blocks, decayed with the engine's mean TTFT as time constant, as of
+    /// `pending_at` ([`now_s`]); see [`Signals::pending_blocks_at`].
+    pub pending_blocks: f64,
+    pub pending_at: f64,
     pub stale: bool,
     /// Loaded LoRA adapter ids (the caller's interning of adapter names) and capacity.
     pub loras: Vec<u32>,
@@ -59,10 +73,25 @@ impl Signals {
             kv_usage: f64::NAN,
             ttft_s: f64::NAN,
             tpot_s: f64::NAN,
+            pending_blocks: 0.0,
+            pending_at: 0.0,
             stale: true,
             loras: Vec::new(),
             max_loras: 0,
         }
+    }
+
+    /// `pending_blocks` decayed to `now`: work dispatched one mean TTFT ago is mostly
+    /// prefilled (exponential decay, time constant `ttft_s`), so in steady state the sum
+    /// is the rate of dispatched work times the TTFT (Little's law). Without a TTFT sample
+    /// yet the work is kept undecayed.
+    pub fn pending_blocks_at(&self, now: f64) -> f64 {
+        let dt = now - self.pending_at;
+        let decays = self.ttft_s > 0.0 && dt > 0.0; // false for NaN
+        if self.pending_blocks <= 0.0 || !decays {
+            return self.pending_blocks.max(0.0);
+        }
+        self.pending_blocks * (-dt / self.ttft_s).exp()
     }
 
     /// Estimated requests on the engine: running + waiting at the scrape, plus what this
@@ -305,10 +334,15 @@ impl Scorer {
     }
 
     /// Dispatch (+1) or completion (-1) of a request; returns the new in-flight count.
+    /// At zero, the endpoint's pending prefill work (prefill-cost) is cleared.
     pub fn add_in_flight(&mut self, id: u32, delta: i64) -> u32 {
         let e = self.sig_mut(id);
         let v = (i64::from(e.in_flight) + delta).clamp(0, i64::from(u32::MAX));
         e.in_flight = v as u32;
+        if e.in_flight == 0 {
+            // nothing of ours left there: no prefill of ours is pending either
+            e.pending_blocks = 0.0;
+        }
         e.in_flight
     }
 
@@ -326,6 +360,22 @@ impl Scorer {
                 *cur + EWMA_ALPHA * (obs - *cur)
             };
         }
+    }
+
+    /// A request with `uncached_blocks` of its prompt not held by the endpoint (by the
+    /// router's match) was dispatched there now: added to its pending prefill work.
+    pub fn observe_dispatch(&mut self, id: u32, uncached_blocks: f64) {
+        self.observe_dispatch_at(id, uncached_blocks, now_s());
+    }
+
+    /// [`Self::observe_dispatch`] at time `now` ([`now_s`]'s clock).
+    pub fn observe_dispatch_at(&mut self, id: u32, uncached_blocks: f64, now: f64) {
+        if !(uncached_blocks.is_finite() && uncached_blocks >= 0.0) {
+            return;
+        }
+        let e = self.sig_mut(id);
+        e.pending_blocks = e.pending_blocks_at(now) + uncached_blocks;
+        e.pending_at = now;
     }
 
     pub fn set_loras(&mut self, id: u32, loras: &[u32], max_loras: u32) {
@@ -381,6 +431,8 @@ impl Scorer {
             eps: &self.eps,
             load: &self.load,
             prefix: &self.prefix,
+            total_blocks: f64::from(total_blocks),
+            now: now_s(),
             request_hash,
             prefix_key: prefix_key.unwrap_or(request_hash),
             lora,

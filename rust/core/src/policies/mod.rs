@@ -20,6 +20,7 @@ pub mod gpu_usage;
 pub mod least_latency;
 pub mod least_request;
 pub mod lora_affinity;
+pub mod prefill_cost;
 pub mod prefix_cache;
 pub mod prefix_hash_bounded;
 pub mod random;
@@ -32,6 +33,10 @@ pub struct Ctx<'a> {
     pub load: &'a [f64],
     /// Matched prefix fraction per slot for this request (0 when not matched).
     pub prefix: &'a [f64],
+    /// The request's prompt length in prefix blocks (0 when not hashed).
+    pub total_blocks: f64,
+    /// [`crate::scorer::now_s`] at the call.
+    pub now: f64,
     pub request_hash: u64,
     /// Consistent-hash key: the caller's hash of the request's leading prompt blocks, else
     /// `request_hash` ([`PolicyInfo::prefix_key`] policies).
@@ -128,6 +133,7 @@ pub static REGISTRY: &[PolicyInfo] = &[
     prefix_cache::INFO_KVCACHE,
     lora_affinity::INFO,
     prefix_hash_bounded::INFO,
+    prefill_cost::INFO,
 ];
 
 /// Kthena plugins we recognise but do not implement: refused with this reason.
@@ -244,6 +250,22 @@ pub(crate) mod testing {
         lora: Option<u32>,
         seq: u64,
     ) -> Vec<f64> {
+        run_full(p, eps, prefix, lora, seq, 0.0)
+    }
+
+    /// [`run`] for a request of `total` prompt blocks.
+    pub fn run_total(p: &dyn Policy, eps: &[Signals], prefix: &[f64], total: f64) -> Vec<f64> {
+        run_full(p, eps, prefix, None, 0, total)
+    }
+
+    fn run_full(
+        p: &dyn Policy,
+        eps: &[Signals],
+        prefix: &[f64],
+        lora: Option<u32>,
+        seq: u64,
+        total_blocks: f64,
+    ) -> Vec<f64> {
         let load: Vec<f64> = eps.iter().map(|e| e.load()).collect();
         let prefix = if prefix.is_empty() {
             vec![0.0; eps.len()]
@@ -254,6 +276,8 @@ pub(crate) mod testing {
             eps,
             load: &load,
             prefix: &prefix,
+            total_blocks,
+            now: 0.0,
             request_hash: 77,
             prefix_key: 77,
             lora,
@@ -273,6 +297,8 @@ pub(crate) mod testing {
             eps,
             load: &load,
             prefix: &prefix,
+            total_blocks: 0.0,
+            now: 0.0,
             request_hash: 77,
             prefix_key: 77,
             lora,

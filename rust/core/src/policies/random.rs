@@ -48,6 +48,8 @@ mod tests {
                     eps: &eps,
                     load: &load,
                     prefix: &prefix,
+                    total_blocks: 0.0,
+                    now: 0.0,
                     request_hash: h,
                     prefix_key: h,
                     lora: None,
