@@ -30,7 +30,7 @@ traffic:
 """
 
 
-@pytest.fixture(scope="module", params=["rsgi", "asgi"])
+@pytest.fixture(scope="module", params=["rsgi", "asgi", "rust"])
 def setup(request: pytest.FixtureRequest, simulator_session: harness.Simulator,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[harness.Router, Path]]:
     work = tmp_path_factory.mktemp(f"iface-{request.param}")
