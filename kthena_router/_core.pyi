@@ -325,7 +325,8 @@ class Front:
         """Queued events, oldest first: (0, id, path, query: bytes, headers: [(name, value)], body: bytes)
         asks for a decision; (1, id, status, error, attempts: [(index, failure)], duration_s, ttft_s,
         attempt_ttft_s, tpot_s, prompt_tokens, completion_tokens, events) reports a finished fast-path
-        request (floats < 0 and ints < 0: unknown; codes in rust/py/src/front/fast.rs)."""
+        request (floats < 0 and ints < 0: unknown; codes in rust/py/src/front/fast.rs); (2, id, attempts)
+        when a stream's first event reached the client (the last attempt answers)."""
     def fast(self, id: int, addrs: list[str], hosts: list[str], target: str, headers: bytes, body: bytes,
              stream: bool, hide_usage: bool, timeouts: tuple[float, float, float, float, float, float, float],
              max_buffered: int, request_id: str) -> bool:

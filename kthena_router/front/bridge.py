@@ -44,10 +44,13 @@ class RustFront:
         fast = self.fast
         for ev in self.core.drain():
             try:
-                if ev[0] == 0:
+                kind = ev[0]
+                if kind == 0:
                     fast.decide(ev[1], ev[2], ev[3], ev[4], ev[5])
-                else:
+                elif kind == 1:
                     fast.done(*ev[1:])
+                else:
+                    fast.first_byte(ev[1], ev[2])
             except Exception:
                 log.exception("rust front: event %d of request %d failed", ev[0], ev[1])
                 if ev[0] == 0:

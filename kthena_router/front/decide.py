@@ -48,25 +48,30 @@ _ERROR_TYPES = {_E_NONE: "", _E_CLIENT: "client_disconnect", _E_AFTER_FIRST: "up
 
 
 class _Live:
-    """A fast-path request between its plan and its end."""
+    """A fast-path request between its plan and its end. Attempts are accounted as Rust
+    reports them: `begun` is the attempt whose health `pending` is open (-1: none),
+    `finished` how many attempts have their outcome recorded."""
 
-    __slots__ = ("order", "info", "pending", "downstream", "gauge", "model", "path_label", "route_label",
-                 "server_label", "request_id", "stream")
+    __slots__ = ("order", "info", "pending", "begun", "answered", "finished", "downstream", "gauge", "model",
+                 "path_label", "route_label", "server_label", "request_id", "stream")
 
     def __init__(self, order: list[EndpointState], info: RequestInfo | None, pending: Any, downstream: Any,
                  gauge: Any, model: str, path_label: str, route_label: str, server_label: str, request_id: str,
                  stream: bool) -> None:
-        self.request_id = request_id
-        self.stream = stream
         self.order = order
         self.info = info
         self.pending = pending
+        self.begun = 0
+        self.answered = False
+        self.finished = 0
         self.downstream = downstream
         self.gauge = gauge
         self.model = model
         self.path_label = path_label
         self.route_label = route_label
         self.server_label = server_label
+        self.request_id = request_id
+        self.stream = stream
 
 
 def _host_header(ep: EndpointState) -> tuple[str, str]:
@@ -216,6 +221,49 @@ class FastPath:
 
     # --- completion ---------------------------------------------------------------------
 
+    def _pending(self, live: _Live, k: int) -> Any:
+        """The open health record of attempt k; a retry Rust ran is dispatched here."""
+        if live.begun != k:
+            ep = live.order[k]
+            self.metrics.retry(live.server_label)
+            self.balancer.dispatched(ep, live.info)
+            live.gauge.dec()
+            live.gauge = self.metrics.upstream(live.route_label, live.server_label, ep.key)
+            live.gauge.inc()
+            live.pending = ep.health.begin()
+            live.begun = k
+            live.answered = False
+        return live.pending
+
+    def _finish(self, live: _Live, k: int, code: int, error: int, last: bool, att_ttft: float | None,
+                tpot: float | None) -> None:
+        pending = self._pending(live, k)
+        ep = live.order[k]
+        failure = _FAILURES[code] if code < len(_FAILURES) else Failure.DIED
+        if last and error == _E_CLIENT and code == _OK:
+            ep.health.abandon(pending)
+        else:
+            if not live.answered and (code in (_OK, _HTTP_5XX, _INVALID) or (last and error == _E_AFTER_FIRST)):
+                ep.health.first_byte(pending)
+            ep.health.finish(pending, failure)
+        if failure is not None:
+            self.metrics.upstream_error(live.server_label, ep.key, failure.value)
+        self.balancer.finished(ep, att_ttft, tpot)
+        live.begun = -1
+        live.finished = k + 1
+
+    def first_byte(self, rid: int, attempts: list[tuple[int, int]]) -> None:
+        """A stream's first event reached the client: its attempt is no longer waiting
+        (stall tracking); the attempts that failed before it get their outcome."""
+        live = self.live.get(rid)
+        if live is None or not attempts:
+            return
+        k = len(attempts) - 1
+        for j in range(live.finished, k):
+            self._finish(live, j, attempts[j][1], _E_NONE, False, None, None)
+        live.order[k].health.first_byte(self._pending(live, k))
+        live.answered = True
+
     def done(self, rid: int, status: int, error: int, attempts: list[tuple[int, int]], duration: float,
              ttft: float, att_ttft: float, tpot: float, prompt: int, completion: int, events: int) -> None:
         live = self.live.pop(rid, None)
@@ -228,35 +276,20 @@ class FastPath:
         if fw.in_flight == 0:
             fw.idle.set()
         live.downstream.dec()
-        live.gauge.dec()
         order = live.order
         if not attempts:
             order[0].health.abandon(live.pending)
             balancer.finished(order[0], None, None)
         last = len(attempts) - 1
-        for k, (idx, code) in enumerate(attempts):
-            ep = order[idx]
-            if k == 0:
-                pending = live.pending
-            else:  # a retry: Rust ran it, its accounting follows here (docs/rust-front.md)
-                metrics.retry(live.server_label)
-                balancer.dispatched(ep, live.info)
-                pending = ep.health.begin()
-            failure = _FAILURES[code] if code < len(_FAILURES) else Failure.DIED
-            if k == last and error == _E_CLIENT and code == _OK:
-                ep.health.abandon(pending)
-            else:
-                if code in (_OK, _HTTP_5XX, _INVALID) or error == _E_AFTER_FIRST:
-                    ep.health.first_byte(pending)
-                ep.health.finish(pending, failure)
-            if failure is not None:
-                metrics.upstream_error(live.server_label, ep.key, failure.value)
+        for k in range(live.finished, len(attempts)):
             ok = k == last
-            balancer.finished(ep, att_ttft if ok and att_ttft >= 0 else None, tpot if ok and tpot >= 0 else None)
+            self._finish(live, k, attempts[k][1], error, ok, att_ttft if ok and att_ttft >= 0 else None,
+                         tpot if ok and tpot >= 0 else None)
+        live.gauge.dec()
         endpoint = order[attempts[-1][0]].key if attempts else order[0].key
         if error == _E_TOO_LARGE:
             metrics.upstream_error(live.server_label, endpoint, "response_too_large")
-        error_type = _ERROR_TYPES.get(error)
+        error_type = _ERROR_TYPES.get(error)  # else a router error: its status's type
         if error_type is None:
             error_type = _TYPES.get(status, "error")
         model, path_label = live.model, live.path_label

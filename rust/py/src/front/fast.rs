@@ -404,6 +404,7 @@ fn start_stream(shared: Arc<Shared>, s: StreamStart, mut out: Outcome, plan: &Pl
     out.error = E_NONE;
     out.ttft = out.t0.elapsed().as_secs_f64();
     out.att_ttft = out.att_t0.elapsed().as_secs_f64();
+    shared.push(Event::FirstByte { id: out.id, attempts: out.attempts.clone() }); // stall tracking ends
     let StreamStart { headers, body, conn, addr, obs, first } = s;
     let _ = tx.try_send(first);
     let idle = plan.idle;

@@ -33,6 +33,8 @@ use fast::Plan;
 
 pub enum Event {
     Decide { id: u64, path: String, query: Vec<u8>, headers: Vec<(String, String)>, body: Bytes },
+    /// A stream's first event is in hand (its attempts so far; the last one answers).
+    FirstByte { id: u64, attempts: Vec<(u32, u8)> },
     Done {
         id: u64,
         status: u16,
@@ -173,7 +175,7 @@ impl Front {
 
     /// Every queued event, oldest first: `(0, id, path, query, headers, body)` for a decision,
     /// `(1, id, status, error, attempts, duration, ttft, att_ttft, tpot, prompt, completion, events)`
-    /// for a finished fast-path request.
+    /// for a finished fast-path request, `(2, id, attempts)` when a stream's first event is in hand.
     fn drain<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.shared.notified.store(false, Ordering::Release);
         let events = std::mem::take(&mut *self.shared.events.lock().unwrap_or_else(|e| e.into_inner()));
@@ -187,6 +189,11 @@ impl Front {
                     PyBytes::new(py, &query).into_any(),
                     headers.into_pyobject(py)?.into_any(),
                     PyBytes::new(py, &body).into_any(),
+                ])?,
+                Event::FirstByte { id, attempts } => PyTuple::new(py, [
+                    2u8.into_pyobject(py)?.into_any(),
+                    id.into_pyobject(py)?.into_any(),
+                    attempts.into_pyobject(py)?.into_any(),
                 ])?,
                 Event::Done { id, status, error, attempts, duration, ttft, att_ttft, tpot, prompt, completion, events } => {
                     PyTuple::new(py, [
