@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 from kthena_router.front.decide import FastPath
@@ -42,7 +43,7 @@ class RustFront:
         except (BlockingIOError, InterruptedError):
             pass
         fast = self.fast
-        for ev in self.core.drain():
+        for ev in self._events():
             try:
                 kind = ev[0]
                 if kind == 0:
@@ -55,6 +56,15 @@ class RustFront:
                 log.exception("rust front: event %d of request %d failed", ev[0], ev[1])
                 if ev[0] == 0:
                     self.core.slow(ev[1])
+
+    def _events(self) -> Iterator[tuple[Any, ...]]:
+        """Queued events; what arrives while these are handled is handled in the same wake."""
+        drain = self.core.drain
+        for _ in range(4):
+            events = drain()
+            if not events:
+                return
+            yield from events
 
     def stop_accepting(self) -> None:
         self.core.stop_accepting()

@@ -60,6 +60,7 @@ pub struct Shared {
     events: Mutex<Vec<Event>>,
     notified: AtomicBool,
     wake: StdUnixStream,
+    lazy: tokio::sync::Notify,
     waiting: Mutex<HashMap<u64, oneshot::Sender<Decision>>>,
     next: AtomicU64,
     pool: pool::Pool,
@@ -67,11 +68,33 @@ pub struct Shared {
     max_body: usize,
 }
 
+/// How long a report (first byte, end of a request) may wait for a wake-up of the loop:
+/// it rides along with the next decision's, or this timer's. One wake less per event.
+const LAZY_WAKE: Duration = Duration::from_micros(1500);
+
 impl Shared {
+    /// Queues an event; a decision wakes the loop at once, a report within LAZY_WAKE.
     fn push(&self, ev: Event) {
+        let urgent = matches!(ev, Event::Decide { .. });
         self.events.lock().unwrap_or_else(|e| e.into_inner()).push(ev);
+        if urgent {
+            self.wake_now();
+        } else if !self.notified.load(Ordering::Acquire) {
+            self.lazy.notify_one();
+        }
+    }
+
+    fn wake_now(&self) {
         if !self.notified.swap(true, Ordering::AcqRel) {
             let _ = (&self.wake).write(b"!"); // non-blocking; a full buffer already wakes the loop
+        }
+    }
+
+    async fn lazy_waker(self: Arc<Self>) {
+        loop {
+            self.lazy.notified().await;
+            tokio::time::sleep(LAZY_WAKE).await;
+            self.wake_now();
         }
     }
 
@@ -137,6 +160,7 @@ impl Front {
             events: Mutex::new(Vec::new()),
             notified: AtomicBool::new(false),
             wake: mine,
+            lazy: tokio::sync::Notify::new(),
             waiting: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
             pool: pool::Pool::new(pool_size),
@@ -153,6 +177,7 @@ impl Front {
         let sh = shared.clone();
         let thread = std::thread::Builder::new().name("kthena-front".into()).spawn(move || {
             rt.block_on(async move {
+                tokio::spawn(sh.clone().lazy_waker());
                 tokio::spawn(server::serve(sh, listener, stop_rx));
                 let _ = close_rx.await; // connections keep being served until close()
             });
