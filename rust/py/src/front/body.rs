@@ -1,4 +1,4 @@
-//! Response bodies of the front server: a whole body, a channel fed by a relay task, or
+//! Response bodies of the front server: a whole body, a fast-path stream (stream.rs), or
 //! granian's answer relayed as it comes (slow path).
 
 use std::pin::Pin;
@@ -6,13 +6,14 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use tokio::sync::mpsc;
+
+use super::stream::SseBody;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub enum RespBody {
     Full(Option<Bytes>),
-    Chan(mpsc::Receiver<Bytes>),
+    Sse(Box<SseBody>),
     Relay(Incoming),
 }
 
@@ -29,7 +30,7 @@ impl Body for RespBody {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             RespBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            RespBody::Chan(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
+            RespBody::Sse(b) => Pin::new(&mut **b).poll_frame(cx),
             RespBody::Relay(inc) => Pin::new(inc).poll_frame(cx).map(|o| o.map(|r| r.map_err(|e| e.into()))),
         }
     }
@@ -37,7 +38,7 @@ impl Body for RespBody {
     fn is_end_stream(&self) -> bool {
         match self {
             RespBody::Full(b) => b.is_none(),
-            RespBody::Chan(_) => false,
+            RespBody::Sse(b) => b.is_end_stream(),
             RespBody::Relay(inc) => inc.is_end_stream(),
         }
     }
@@ -46,7 +47,7 @@ impl Body for RespBody {
         match self {
             RespBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             RespBody::Full(None) => SizeHint::with_exact(0),
-            RespBody::Chan(_) => SizeHint::default(),
+            RespBody::Sse(_) => SizeHint::default(),
             RespBody::Relay(inc) => inc.size_hint(),
         }
     }

@@ -10,13 +10,13 @@ use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, HOST};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::{Body, Incoming};
-use tokio::sync::mpsc;
+use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::body::{error_json, ReqBody, RespBody};
 use super::pool::{AcquireError, Conn};
 use super::sse::SseObserver;
+use super::stream::SseBody;
 use super::{Event, Shared};
 
 // attempt failures (kthena_router.endpoints.health.Failure, mapped in front/bridge.py)
@@ -399,95 +399,14 @@ async fn after_head(shared: &Arc<Shared>, plan: &Plan, addr: &str, conn: Conn, r
 }
 
 fn start_stream(shared: Arc<Shared>, s: StreamStart, mut out: Outcome, plan: &Plan, deadline: Option<Instant>) -> Response<RespBody> {
-    let (tx, rx) = mpsc::channel::<Bytes>(64);
     out.status = 200;
     out.error = E_NONE;
     out.ttft = out.t0.elapsed().as_secs_f64();
     out.att_ttft = out.att_t0.elapsed().as_secs_f64();
     shared.push(Event::FirstByte { id: out.id, attempts: out.attempts.clone() }); // stall tracking ends
     let StreamStart { headers, body, conn, addr, obs, first } = s;
-    let _ = tx.try_send(first);
-    let idle = plan.idle;
-    tokio::spawn(pump(shared, body, conn, addr, obs, tx, out, idle, deadline));
-    let mut r = Response::new(RespBody::Chan(rx));
+    let sse = SseBody::new(shared, body, obs, first, out, conn, addr, plan.idle, deadline);
+    let mut r = Response::new(RespBody::Sse(Box::new(sse)));
     *r.headers_mut() = headers;
     r
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn pump(shared: Arc<Shared>, mut body: Incoming, conn: Conn, addr: String, mut obs: SseObserver,
-              tx: mpsc::Sender<Bytes>, mut out: Outcome, idle: Option<Duration>, deadline: Option<Instant>) {
-    let t_first = Instant::now();
-    let mut t_last = t_first;
-    let mut failure: Option<(u8, String)> = None;
-    let mut upstream_done = body.is_end_stream();
-    while !obs.ended && !upstream_done {
-        let until = earliest(idle.map(|d| Instant::now() + d), deadline);
-        let r = tokio::select! {
-            _ = tx.closed() => {
-                out.status = 499;
-                out.error = E_CLIENT_DISCONNECT;
-                return; // dropping the body closes the upstream connection: the engine aborts
-            }
-            r = read_data(&mut body, until) => r,
-        };
-        match r {
-            Read::Data(c) => match obs.feed(c) {
-                Err(_) => failure = Some((F_INVALID, "invalid event".into())),
-                Ok(b) => {
-                    if !b.is_empty() {
-                        if tx.send(b).await.is_err() {
-                            out.status = 499;
-                            out.error = E_CLIENT_DISCONNECT;
-                            return;
-                        }
-                        t_last = Instant::now();
-                    }
-                }
-            },
-            Read::End => upstream_done = true,
-            Read::Broken => failure = Some((F_DIED, "died".into())),
-            Read::Timeout => failure = Some((F_TIMEOUT, format!("no event within the idle timeout ({}s)", secs(idle)))),
-        }
-        if failure.is_some() {
-            break;
-        }
-    }
-    if failure.is_none() && !obs.clean_eof() {
-        failure = Some((F_DIED, "died".into()));
-    }
-    if let Some((code, detail)) = failure {
-        // bytes reached the client: no retry; an error event and no [DONE]
-        out.status = 502;
-        out.error = E_AFTER_FIRST_BYTE;
-        out.fail_last(code);
-        let msg = format!("upstream failed during the stream ({detail}); the response is incomplete");
-        let mut ev = BytesMut::from(&b"data: "[..]);
-        ev.extend_from_slice(&error_json(502, &msg, 502.into()));
-        ev.extend_from_slice(b"\n\n");
-        let _ = tx.send(ev.freeze()).await;
-        out.events = obs.events;
-        return;
-    }
-    drop(tx); // the client's stream ends here
-    out.events = obs.events;
-    if let Some((p, c)) = obs.usage {
-        out.prompt = p.unwrap_or(-1);
-        out.completion = c.unwrap_or(-1);
-        if let Some(c) = c {
-            if c > 1 {
-                out.tpot = (t_last - t_first).as_secs_f64() / (c - 1) as f64;
-            }
-        }
-    }
-    drop(out); // report now; the rest is connection housekeeping
-    let cap = Some(Instant::now() + Duration::from_secs(5));
-    while !upstream_done {
-        match read_data(&mut body, earliest(earliest(idle.map(|d| Instant::now() + d), deadline), cap)).await {
-            Read::End => upstream_done = true,
-            Read::Data(_) => {}
-            _ => return,
-        }
-    }
-    shared.pool.release(&addr, conn);
 }

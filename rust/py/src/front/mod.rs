@@ -12,6 +12,7 @@ mod fast;
 mod pool;
 mod server;
 pub mod sse;
+mod stream;
 
 use std::collections::HashMap;
 use std::io::Write;

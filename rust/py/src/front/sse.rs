@@ -109,6 +109,24 @@ fn split_events(block: &[u8]) -> impl Iterator<Item = &[u8]> {
     out.into_iter()
 }
 
+/// Event terminators in a block of complete events (no allocation: this runs per chunk).
+fn count_ends(block: &[u8]) -> u64 {
+    let mut n = 0;
+    let mut i = 0;
+    while i + 1 < block.len() {
+        if block[i] == b'\n' && block[i + 1] == b'\n' {
+            n += 1;
+            i += 2;
+        } else if block[i] == b'\n' && block[i + 1] == b'\r' && block.get(i + 2) == Some(&b'\n') {
+            n += 1;
+            i += 3;
+        } else {
+            i += 1;
+        }
+    }
+    n
+}
+
 fn check_events(block: &[u8]) -> Result<(), Invalid> {
     for event in split_events(block) {
         let event = trim_start_newlines(event);
@@ -175,7 +193,7 @@ impl SseObserver {
         if !self.ended && find(&out, b"[DONE]").is_some() && split_events(&out).any(is_done) {
             self.ended = true;
         }
-        self.events += split_events(&out).filter(|e| !trim_start_newlines(e).is_empty()).count() as u64;
+        self.events += count_ends(&out);
         Ok(out)
     }
 
