@@ -138,8 +138,17 @@ async fn read_data(body: &mut Incoming, until: Option<Instant>) -> Read {
     }
 }
 
-fn secs(d: Option<Duration>) -> String {
+pub fn secs(d: Option<Duration>) -> String {
     format!("{}", d.map_or(0.0, |d| d.as_secs_f64()))
+}
+
+/// What a timeout means: the request's total timeout when its deadline was the bound that
+/// fired (`phase_at`: the phase's own bound), else the phase's (relay.py timeout_detail).
+pub fn timeout_detail(total: Option<Duration>, deadline: Option<Instant>, phase_at: Option<Instant>, phase: String) -> String {
+    match deadline {
+        Some(d) if phase_at.is_none_or(|p| d <= p) => format!("the request's total timeout ({}s) passed", secs(total)),
+        _ => phase,
+    }
 }
 
 pub fn error_response(status: u16, message: &str, code: serde_json::Value, rid: &HeaderValue) -> Response<RespBody> {
@@ -268,7 +277,8 @@ async fn attempt(shared: &Arc<Shared>, plan: &Plan, i: usize, deadline: Option<I
             Err(AcquireError::Exhausted(n)) => {
                 out.status = 503;
                 out.error = E_POOL_EXHAUSTED;
-                let msg = format!("the router is overloaded: no upstream connection free within poolWait ({n} in use); retry later");
+                let msg = format!("the router is overloaded: no free upstream connection within {}s ({n} in use); retry later",
+                                  wait.as_secs_f64());
                 return Step::Reply(error_response(503, &msg, "pool_exhausted".into(), &plan.request_id));
             }
         };
@@ -284,7 +294,8 @@ async fn attempt(shared: &Arc<Shared>, plan: &Plan, i: usize, deadline: Option<I
                     } else {
                         format!("no response headers within the response timeout ({}s)", secs(plan.response))
                     };
-                    return Step::Fail(F_TIMEOUT, phase);
+                    let phase_at = earliest(response_at, first_at);
+                    return Step::Fail(F_TIMEOUT, timeout_detail(plan.total, deadline, phase_at, phase));
                 }
             },
             None => fut.await,
@@ -347,7 +358,8 @@ async fn after_head(shared: &Arc<Shared>, plan: &Plan, addr: &str, conn: Conn, r
                 Read::End => return Step::Fail(F_DIED, "upstream closed the stream before the first event".into()),
                 Read::Broken => return Step::Fail(F_DIED, "upstream stream broke before the first event".into()),
                 Read::Timeout => {
-                    return Step::Fail(F_TIMEOUT, format!("no first token within firstToken ({}s)", secs(plan.first_token)))
+                    let phase = format!("no first token within firstToken ({}s)", secs(plan.first_token));
+                    return Step::Fail(F_TIMEOUT, timeout_detail(plan.total, deadline, first_at, phase));
                 }
             }
         }
@@ -355,7 +367,8 @@ async fn after_head(shared: &Arc<Shared>, plan: &Plan, addr: &str, conn: Conn, r
     // buffered: the whole body, checked, then one send
     let mut buf = BytesMut::new();
     loop {
-        match read_data(&mut body, earliest(plan.idle.map(|d| Instant::now() + d), deadline)).await {
+        let idle_at = plan.idle.map(|d| Instant::now() + d);
+        match read_data(&mut body, earliest(idle_at, deadline)).await {
             Read::Data(d) => {
                 if buf.len() + d.len() > plan.max_buffered {
                     out.status = 502;
@@ -368,7 +381,8 @@ async fn after_head(shared: &Arc<Shared>, plan: &Plan, addr: &str, conn: Conn, r
             Read::End => break,
             Read::Broken => return Step::Fail(F_DIED, "response body incomplete".into()),
             Read::Timeout => {
-                return Step::Fail(F_TIMEOUT, format!("response body stalled beyond the idle timeout ({}s)", secs(plan.idle)))
+                let phase = format!("response body stalled beyond the idle timeout ({}s)", secs(plan.idle));
+                return Step::Fail(F_TIMEOUT, timeout_detail(plan.total, deadline, idle_at, phase));
             }
         }
     }
@@ -405,7 +419,7 @@ fn start_stream(shared: Arc<Shared>, s: StreamStart, mut out: Outcome, plan: &Pl
     out.att_ttft = out.att_t0.elapsed().as_secs_f64();
     shared.push(Event::FirstByte { id: out.id, attempts: out.attempts.clone() }); // stall tracking ends
     let StreamStart { headers, body, conn, addr, obs, first } = s;
-    let sse = SseBody::new(shared, body, obs, first, out, conn, addr, plan.idle, deadline);
+    let sse = SseBody::new(shared, body, obs, first, out, conn, addr, plan.idle, plan.total, deadline);
     let mut r = Response::new(RespBody::Sse(Box::new(sse)));
     *r.headers_mut() = headers;
     r

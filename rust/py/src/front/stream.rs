@@ -17,7 +17,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 use super::body::{error_json, BoxError};
-use super::fast::{Outcome, E_AFTER_FIRST_BYTE, E_CLIENT_DISCONNECT, F_DIED, F_INVALID, F_TIMEOUT};
+use super::fast::{secs, timeout_detail, Outcome, E_AFTER_FIRST_BYTE, E_CLIENT_DISCONNECT, F_DIED, F_INVALID, F_TIMEOUT};
 use super::pool::Conn;
 use super::sse::SseObserver;
 use super::Shared;
@@ -30,6 +30,7 @@ pub struct SseBody {
     conn: Option<(Conn, String)>,
     shared: Arc<Shared>,
     idle: Option<Duration>,
+    total: Option<Duration>,
     deadline: Option<Instant>,
     /// fires at the earliest of `idle_at` (as of when it was set) and the deadline; moved
     /// lazily (a chunk only stores the new `idle_at`)
@@ -51,12 +52,12 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 impl SseBody {
     #[allow(clippy::too_many_arguments)]
     pub fn new(shared: Arc<Shared>, up: Incoming, obs: SseObserver, first: Bytes, out: Outcome, conn: Conn,
-               addr: String, idle: Option<Duration>, deadline: Option<Instant>) -> Self {
+               addr: String, idle: Option<Duration>, total: Option<Duration>, deadline: Option<Instant>) -> Self {
         let now = Instant::now();
         let idle_at = idle.map(|d| now + d);
         let timer = earliest(idle_at, deadline).map(|t| Box::pin(tokio::time::sleep_until(t)));
         SseBody {
-            up: Some(up), obs, first: Some(first), out: Some(out), conn: Some((conn, addr)), shared, idle, deadline, timer,
+            up: Some(up), obs, first: Some(first), out: Some(out), conn: Some((conn, addr)), shared, idle, total, deadline, timer,
             idle_at, t_first: now, t_last: now, done: false,
         }
     }
@@ -196,8 +197,8 @@ impl Body for SseBody {
                 }
                 Poll::Pending => {
                     if this.poll_timer(cx) {
-                        let detail = format!("no event within the idle timeout ({}s)",
-                                             this.idle.map_or(0.0, |d| d.as_secs_f64()));
+                        let phase = format!("no event within the idle timeout ({}s)", secs(this.idle));
+                        let detail = timeout_detail(this.total, this.deadline, this.idle_at, phase);
                         let ev = this.fail(F_TIMEOUT, &detail);
                         return Poll::Ready(Some(Ok(Frame::data(ev))));
                     }
