@@ -56,6 +56,7 @@ class RustFront:
                 log.exception("rust front: event %d of request %d failed", ev[0], ev[1])
                 if ev[0] == 0:
                     self.core.slow(ev[1])
+        fast.flush()
 
     def _events(self) -> Iterator[tuple[Any, ...]]:
         """Queued events; what arrives while these are handled is handled in the same wake."""
@@ -83,3 +84,4 @@ class RustFront:
             if ev[0] == 1:
                 fast.done(*ev[1:])
         fast.abandon_all()
+        fast.flush()

@@ -99,7 +99,23 @@ class FastPath:
                             "or the slow path (the full app)", ["decision"], registry=self.metrics.registry)
         self.n_fast = decisions.labels("fast")
         self.n_slow = decisions.labels("slow")
-        self.tasks: set[asyncio.Task[None]] = set()
+        # counter and gauge changes of one wake-up, written once each at its end (flush): a
+        # request ending in the same batch as the next one starts costs no gauge write
+        self.deltas: dict[Any, float] = {}
+        self.tasks: set[asyncio.Task[None]] = set()  # decisions awaiting the scheduler's prepare()
+
+    def _add(self, child: Any, value: float) -> None:
+        deltas = self.deltas
+        deltas[child] = deltas.get(child, 0.0) + value
+
+    def flush(self) -> None:
+        """Writes the batched counter and gauge changes (prometheus multiprocess files)."""
+        deltas = self.deltas
+        if deltas:
+            for child, value in deltas.items():
+                if value:
+                    child.inc(value)
+            deltas.clear()
 
     # --- decision -----------------------------------------------------------------------
 
@@ -143,7 +159,7 @@ class FastPath:
         self._plan(rid, path, query, hdrs, api.label, body, match, state, targets, None)
 
     def _slow(self, rid: int) -> None:
-        self.n_slow.inc()
+        self._add(self.n_slow, 1)
         self.core.slow(rid)
 
     def _plain(self, state: RouterState, match: RouteMatch | ExternalMatch) -> bool:
@@ -169,6 +185,8 @@ class FastPath:
         except Exception:
             log.exception("fast-path decision failed; slow path")
             self._slow(rid)
+        finally:
+            self.flush()  # not in a wake-up's batch
 
     def _plan(self, rid: int, path: str, query: bytes, hdrs: RequestHeaders, label: str, body: Any,
               match: RouteMatch, state: RouterState, targets: tuple[EndpointState, ...],
@@ -205,14 +223,14 @@ class FastPath:
         if not self.core.fast(rid, list(addrs), list(hosts), target, block, payload, body.stream, inject,
                               timeouts, traffic.max_buffered_response_bytes, hdrs.request_id):
             return  # the client left while we decided: nothing started
-        self.n_fast.inc()
+        self._add(self.n_fast, 1)
         ep = order[0]
         route_label = f"{match.route.namespace}/{match.route.name}"
         server_label = f"{server.namespace}/{server.name}"
         downstream = self.metrics.downstream(body.model)
-        downstream.inc()
+        self._add(downstream, 1)
         gauge = self.metrics.upstream(route_label, server_label, ep.key)
-        gauge.inc()
+        self._add(gauge, 1)
         self.balancer.dispatched(ep, info)
         fw.in_flight += 1
         fw.idle.clear()
@@ -227,9 +245,9 @@ class FastPath:
             ep = live.order[k]
             self.metrics.retry(live.server_label)
             self.balancer.dispatched(ep, live.info)
-            live.gauge.dec()
+            self._add(live.gauge, -1)
             live.gauge = self.metrics.upstream(live.route_label, live.server_label, ep.key)
-            live.gauge.inc()
+            self._add(live.gauge, 1)
             live.pending = ep.health.begin()
             live.begun = k
             live.answered = False
@@ -275,7 +293,7 @@ class FastPath:
         fw.in_flight -= 1
         if fw.in_flight == 0:
             fw.idle.set()
-        live.downstream.dec()
+        self._add(live.downstream, -1)
         order = live.order
         if not attempts:
             order[0].health.abandon(live.pending)
@@ -285,7 +303,7 @@ class FastPath:
             ok = k == last
             self._finish(live, k, attempts[k][1], error, ok, att_ttft if ok and att_ttft >= 0 else None,
                          tpot if ok and tpot >= 0 else None)
-        live.gauge.dec()
+        self._add(live.gauge, -1)
         endpoint = order[attempts[-1][0]].key if attempts else order[0].key
         if error == _E_TOO_LARGE:
             metrics.upstream_error(live.server_label, endpoint, "response_too_large")
@@ -293,8 +311,10 @@ class FastPath:
         if error_type is None:
             error_type = _TYPES.get(status, "error")
         model, path_label = live.model, live.path_label
-        metrics.observe_request(model, path_label, status, error_type, live.route_label, live.server_label,
-                                endpoint, duration)
+        code = str(status)  # metrics.observe_request, its counter batched
+        self._add(metrics._child(metrics.requests, (model, path_label, code, error_type, live.route_label,
+                                                    live.server_label, endpoint)), 1)
+        metrics._child(metrics.duration, (model, path_label, code)).observe(duration)
         if ttft >= 0:
             metrics.observe_ttft(model, path_label, ttft)
         p = prompt if prompt >= 0 else None
