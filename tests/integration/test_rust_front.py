@@ -154,3 +154,35 @@ def test_slow_path_errors_and_features(setup: tuple[harness.Router, int], simula
     fams = _metrics(router)
     assert harness.metric_value(fams, DECISIONS, decision="slow") >= slow_before + 3 + 12
     assert harness.metric_value(fams, "kthena_router_rate_limit_exceeded_total") >= 1
+
+
+def test_5xx_and_garbage_are_retried_4xx_passed_through(setup: tuple[harness.Router, int],
+                                                        simulator: harness.Simulator) -> None:
+    router, _ = setup
+    # one faulty engine at a time (two attempts per request by default: a request whose two
+    # candidates both fail gets the 502, as on the Python path); its neighbours in the
+    # round robin are healthy
+    with httpx.Client(timeout=30) as http:
+        for fault in ({"error_rate": 1.0, "error_status": 500}, {"garbage": True}):
+            simulator.reset_faults()
+            simulator.set_faults(1, **fault)
+            for i in range(8):  # the faulty engine gets attempts; each request still gets a whole answer
+                body = {"model": "demo", "messages": MSGS, "max_tokens": 3, "stream": bool(i % 2)}
+                r = http.post(f"{router.openai_url}/chat/completions", json=body)
+                assert r.status_code == 200, (fault, r.text)
+                if i % 2:
+                    assert r.text.rstrip().endswith("data: [DONE]") and '"error"' not in r.text
+                else:
+                    assert r.json()["choices"][0]["message"]["content"]
+        # the engine's own 4xx is its answer: passed through, not retried
+        simulator.reset_faults()
+        simulator.reset_requests()
+        bad = http.post(f"{router.openai_url}/chat/completions",
+                        json={"model": "demo", "messages": MSGS, "max_tokens": -5})
+    assert 400 <= bad.status_code < 500 and "error" in bad.json(), bad.text
+    assert sum(simulator.received()) == 1
+    fams = harness.wait_until(lambda: (f := _metrics(router)) and harness.metric_value(
+        f, "kthena_router_upstream_errors_total", reason="invalid_output") >= 1 and f, 10,
+        what="the garbage counted")
+    assert harness.metric_value(fams, "kthena_router_upstream_errors_total", reason="http_5xx") >= 1
+    assert harness.metric_value(fams, "kthena_router_requests_total", error_type="upstream_4xx") >= 1
