@@ -189,6 +189,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise SettingsError(f"interface must be rsgi, asgi or rust, got {self.interface!r}")
         if self.front_threads < 1:
             raise SettingsError(f"front_threads must be >= 1, got {self.front_threads}")
+        if self.front_threads != 1 and self.interface != "rust":
+            raise SettingsError("front_threads (--front-threads) applies to --interface rust only")
         if self.upstream_pool_size < 1:
             raise SettingsError(f"upstream_pool_size must be >= 1, got {self.upstream_pool_size}")
         if self.max_body_bytes < 1:
