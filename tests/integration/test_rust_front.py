@@ -29,6 +29,9 @@ def setup(simulator_session: harness.Simulator,
     limited = harness.route_doc("limited", "limited", "demo")
     limited["spec"]["rateLimit"] = {"inputTokensPerUnit": 60, "unit": "hour"}
     docs.insert(1, limited)
+    governed = harness.route_doc("governed", "governed", "demo")  # a limit never reached: always slow path
+    governed["spec"]["rateLimit"] = {"inputTokensPerUnit": 10 ** 9, "unit": "hour"}
+    docs.insert(1, governed)
     config = harness.write_config(work / "router.yaml", docs)
     router = harness.start_router(config, work, workers=2, extra_args=["--interface", "rust"])
     try:
@@ -75,18 +78,23 @@ def test_openai_sdk_stream_and_plain_take_the_fast_path(setup: tuple[harness.Rou
 
 
 def test_retry_before_the_first_byte(setup: tuple[harness.Router, int], simulator: harness.Simulator) -> None:
-    router, dead = setup
+    router, _ = setup
+    # engine 1 accepts and drops every request before its first byte (its /health stays
+    # fine, so it remains a candidate); its neighbours in the round robin are healthy (two
+    # attempts per request by default: two failing candidates in a row would be a 502)
+    simulator.set_faults(1, die_after_tokens=0)
     with httpx.Client(timeout=30) as http:
-        for i in range(12):  # round robin over 4 endpoints: the dead one gets attempts
+        for i in range(12):  # round robin: engine 1 gets attempts; every client still gets its answer
             body = {"model": "demo", "messages": MSGS, "max_tokens": 3, "stream": bool(i % 2)}
             r = http.post(f"{router.openai_url}/chat/completions", json=body)
             assert r.status_code == 200, r.text
             if i % 2:
                 assert r.text.rstrip().endswith("data: [DONE]")
-    fams = _metrics(router)
-    assert harness.metric_value(fams, "kthena_router_upstream_errors_total", endpoint=f"{harness.HOST}:{dead}",
-                                reason="connect_error") >= 1
-    assert harness.metric_value(fams, "kthena_router_retries_total") >= 1
+    assert simulator.received()[1] >= 1
+    fams = harness.wait_until(lambda: (f := _metrics(router)) and harness.metric_value(
+        f, "kthena_router_retries_total") >= 1 and f, 10, what="retries counted")
+    assert harness.metric_value(fams, "kthena_router_upstream_errors_total",
+                                endpoint=f"{harness.HOST}:{simulator.ports[1]}") >= 1
 
 
 def test_error_event_after_the_first_byte(setup: tuple[harness.Router, int],
@@ -109,12 +117,14 @@ def test_error_event_after_the_first_byte(setup: tuple[harness.Router, int],
                                 error_type="upstream_error_after_first_byte") >= 1
 
 
-def test_disconnect_cancels_the_engine(setup: tuple[harness.Router, int], simulator: harness.Simulator) -> None:
+@pytest.mark.parametrize("model", ["demo", "governed"])  # fast path; slow path (via granian's socket)
+def test_disconnect_cancels_the_engine(setup: tuple[harness.Router, int], simulator: harness.Simulator,
+                                       model: str) -> None:
     router, _ = setup
     rid = uuid.uuid4().hex
     with httpx.Client(timeout=60) as http:
         with http.stream("POST", f"{router.openai_url}/chat/completions", headers={"X-Request-ID": rid},
-                         json={"model": "demo", "messages": MSGS, "max_tokens": 4000, "stream": True}) as resp:
+                         json={"model": model, "messages": MSGS, "max_tokens": 4000, "stream": True}) as resp:
             assert resp.status_code == 200 and resp.headers["x-request-id"] == rid
             next(line for line in resp.iter_lines() if line.startswith("data: "))
 
@@ -127,7 +137,7 @@ def test_disconnect_cancels_the_engine(setup: tuple[harness.Router, int], simula
 
     entry = harness.wait_until(aborted, 30, interval=0.1, what="engine saw the abort")
     assert entry["tokens_out"] < 4000
-    harness.wait_until(lambda: harness.metric_value(_metrics(router), "kthena_router_requests_total",
+    harness.wait_until(lambda: harness.metric_value(_metrics(router), "kthena_router_requests_total", model=model,
                                                     status_code="499", error_type="client_disconnect") >= 1,
                        10, what="the disconnect counted")
 
@@ -161,12 +171,17 @@ def test_5xx_and_garbage_are_retried_4xx_passed_through(setup: tuple[harness.Rou
     router, _ = setup
     # one faulty engine at a time (two attempts per request by default: a request whose two
     # candidates both fail gets the 502, as on the Python path); its neighbours in the
-    # round robin are healthy
+    # round robin are healthy. Outlier detection may eject it for a while: requests go on
+    # until its failure is counted.
     with httpx.Client(timeout=30) as http:
-        for fault in ({"error_rate": 1.0, "error_status": 500}, {"garbage": True}):
+        for fault, reason in (({"error_rate": 1.0, "error_status": 500}, "http_5xx"), ({"garbage": True},
+                                                                                     "invalid_output")):
             simulator.reset_faults()
+            e1 = f"{harness.HOST}:{simulator.ports[1]}"  # back from any ejection by the previous phase
+            harness.wait_until(lambda: harness.metric_value(_metrics(router), "kthena_router_endpoint_healthy",
+                                                            endpoint=e1) == 1, 60, interval=0.2, what="engine 1 healthy")
             simulator.set_faults(1, **fault)
-            for i in range(8):  # the faulty engine gets attempts; each request still gets a whole answer
+            for i in range(60):  # every client still gets a whole answer
                 body = {"model": "demo", "messages": MSGS, "max_tokens": 3, "stream": bool(i % 2)}
                 r = http.post(f"{router.openai_url}/chat/completions", json=body)
                 assert r.status_code == 200, (fault, r.text)
@@ -174,6 +189,11 @@ def test_5xx_and_garbage_are_retried_4xx_passed_through(setup: tuple[harness.Rou
                     assert r.text.rstrip().endswith("data: [DONE]") and '"error"' not in r.text
                 else:
                     assert r.json()["choices"][0]["message"]["content"]
+                if i % 4 == 3 and harness.metric_value(_metrics(router), "kthena_router_upstream_errors_total",
+                                                       reason=reason) >= 1:
+                    break
+            else:
+                pytest.fail(f"no {reason} attempt counted in 60 requests")
         # the engine's own 4xx is its answer: passed through, not retried
         simulator.reset_faults()
         simulator.reset_requests()
@@ -181,8 +201,5 @@ def test_5xx_and_garbage_are_retried_4xx_passed_through(setup: tuple[harness.Rou
                         json={"model": "demo", "messages": MSGS, "max_tokens": -5})
     assert 400 <= bad.status_code < 500 and "error" in bad.json(), bad.text
     assert sum(simulator.received()) == 1
-    fams = harness.wait_until(lambda: (f := _metrics(router)) and harness.metric_value(
-        f, "kthena_router_upstream_errors_total", reason="invalid_output") >= 1 and f, 10,
-        what="the garbage counted")
-    assert harness.metric_value(fams, "kthena_router_upstream_errors_total", reason="http_5xx") >= 1
-    assert harness.metric_value(fams, "kthena_router_requests_total", error_type="upstream_4xx") >= 1
+    harness.wait_until(lambda: harness.metric_value(_metrics(router), "kthena_router_requests_total",
+                                                    error_type="upstream_4xx") >= 1, 10, what="the 4xx counted")

@@ -1,5 +1,5 @@
 //! Response bodies of the front server: a whole body, a fast-path stream (stream.rs), or
-//! granian's answer relayed as it comes (slow path).
+//! granian's answer relayed as it comes (slow path, slow.rs).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -7,6 +7,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
+use super::slow::RelayBody;
 use super::stream::SseBody;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -14,7 +15,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub enum RespBody {
     Full(Option<Bytes>),
     Sse(Box<SseBody>),
-    Relay(Incoming),
+    Slow(Box<RelayBody>),
 }
 
 impl RespBody {
@@ -31,7 +32,7 @@ impl Body for RespBody {
         match self.get_mut() {
             RespBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             RespBody::Sse(b) => Pin::new(&mut **b).poll_frame(cx),
-            RespBody::Relay(inc) => Pin::new(inc).poll_frame(cx).map(|o| o.map(|r| r.map_err(|e| e.into()))),
+            RespBody::Slow(b) => Pin::new(&mut **b).poll_frame(cx),
         }
     }
 
@@ -39,7 +40,7 @@ impl Body for RespBody {
         match self {
             RespBody::Full(b) => b.is_none(),
             RespBody::Sse(b) => b.is_end_stream(),
-            RespBody::Relay(inc) => inc.is_end_stream(),
+            RespBody::Slow(b) => b.is_end_stream(),
         }
     }
 
@@ -48,7 +49,7 @@ impl Body for RespBody {
             RespBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             RespBody::Full(None) => SizeHint::with_exact(0),
             RespBody::Sse(_) => SizeHint::default(),
-            RespBody::Relay(inc) => inc.size_hint(),
+            RespBody::Slow(b) => b.size_hint(),
         }
     }
 }

@@ -11,6 +11,7 @@ mod body;
 mod fast;
 mod pool;
 mod server;
+mod slow;
 pub mod sse;
 mod stream;
 
@@ -65,7 +66,8 @@ pub struct Shared {
     waiting: Mutex<HashMap<u64, oneshot::Sender<Decision>>>,
     next: AtomicU64,
     pool: pool::Pool,
-    uds: PathBuf,
+    uds_path: PathBuf,
+    uds: slow::UdsPool,
     max_body: usize,
 }
 
@@ -165,7 +167,8 @@ impl Front {
             waiting: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
             pool: pool::Pool::new(pool_size),
-            uds,
+            uds_path: uds,
+            uds: slow::UdsPool::default(),
             max_body,
         });
         let rt = if threads <= 1 {

@@ -15,12 +15,12 @@ use hyper::server::conn::http1 as server_http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use socket2::{Domain, Socket, Type};
-use tokio::net::{TcpListener, UnixStream};
+use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::body::{error_json, ReqBody, RespBody};
-use super::{fast, Decision, Event, Shared};
+use super::{fast, slow, Decision, Event, Shared};
 
 pub const FAST_PATHS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
 
@@ -86,7 +86,7 @@ impl Drop for Waiting<'_> {
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<RespBody>, Infallible> {
     let t0 = Instant::now();
     if req.method() != Method::POST || !FAST_PATHS.contains(&req.uri().path()) {
-        return Ok(slow(&shared, req.map(ReqBody::Stream)).await);
+        return Ok(slow::forward(&shared, req.map(ReqBody::Stream)).await);
     }
     let declared = req
         .headers()
@@ -94,7 +94,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<usize>().ok());
     if declared.is_some_and(|n| n > shared.max_body) {
-        return Ok(slow(&shared, req.map(ReqBody::Stream)).await); // the full pipeline answers 413
+        return Ok(slow::forward(&shared, req.map(ReqBody::Stream)).await); // the full pipeline answers 413
     }
     let (parts, body) = req.into_parts();
     let raw = match Limited::new(body, shared.max_body).collect().await {
@@ -130,28 +130,6 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
             }
             r
         }
-        Ok(Decision::Slow) | Err(_) => slow(&shared, Request::from_parts(parts, ReqBody::Full(Some(raw)))).await,
+        Ok(Decision::Slow) | Err(_) => slow::forward(&shared, Request::from_parts(parts, ReqBody::Full(Some(raw)))).await,
     })
-}
-
-/// The request, unchanged, to granian's unix socket (the full app); its answer as it comes.
-async fn slow(shared: &Shared, req: Request<ReqBody>) -> Response<RespBody> {
-    let unavailable = |what: &str| {
-        json(StatusCode::SERVICE_UNAVAILABLE, error_json(503, &format!("router worker unavailable ({what})"), 503.into()))
-    };
-    let stream = match UnixStream::connect(&shared.uds).await {
-        Ok(s) => s,
-        Err(e) => return unavailable(&e.to_string()),
-    };
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
-        Ok(x) => x,
-        Err(e) => return unavailable(&e.to_string()),
-    };
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    match sender.send_request(req).await {
-        Ok(resp) => resp.map(RespBody::Relay),
-        Err(e) => unavailable(&e.to_string()),
-    }
 }
