@@ -314,3 +314,38 @@ class FairQueue:
     def tenants(self) -> int: ...
     def waiting(self) -> list[tuple[int, int, int]]:
         """(ticket, class_id, tenant) of every waiter, in arrival order."""
+
+class Front:
+    """One worker's experimental Rust front end (`--interface rust`, rust/py/src/front/,
+    docs/rust-front.md): an HTTP/1.1 server on host:port (SO_REUSEPORT, TCP_NODELAY) on its own
+    tokio runtime (`threads`). Chat/text completions queue a decision for Python; everything
+    else, and every request Python sends down the slow path, goes unchanged to granian's
+    unix socket `uds`. Python reads `wake_fd` (readable when events are queued) and calls
+    `drain()`; the decision methods are thread-safe and return False when the client left."""
+
+    def __init__(self, host: str, port: int, uds: str, threads: int = 1, max_body: int = 33554432,
+                 pool_size: int = 512) -> None: ...
+    @property
+    def wake_fd(self) -> int:
+        """The loop's end of the wake-up socket pair (the caller owns and closes it)."""
+    def drain(self) -> list[tuple[Any, ...]]:
+        """Queued events, oldest first: (0, id, path, query: bytes, headers: [(name, value)], body: bytes)
+        asks for a decision; (1, id, status, error, attempts: [(index, failure)], duration_s, ttft_s,
+        attempt_ttft_s, tpot_s, prompt_tokens, completion_tokens, events) reports a finished fast-path
+        request (floats < 0 and ints < 0: unknown; codes in rust/py/src/front/fast.rs); (2, id, attempts)
+        when a stream's first event reached the client (the last attempt answers)."""
+    def fast(self, id: int, addrs: list[str], hosts: list[str], target: str, headers: bytes, body: bytes,
+             stream: bool, hide_usage: bool, timeouts: tuple[float, float, float, float, float, float, float],
+             max_buffered: int, request_id: str) -> bool:
+        """Relay request `id` in Rust: attempt i goes to addrs[i] ("ip:port", Host hosts[i]) while no
+        byte reached the client; `headers` are CRLF-terminated lines; timeouts (connect, response,
+        firstToken, idle, total, poolWait, retryInterval) in seconds, < 0 = none."""
+    def slow(self, id: int) -> bool:
+        """Forward request `id` unchanged to the full app."""
+    def reply(self, id: int, status: int, body: bytes, headers: list[tuple[str, str]] = ...) -> bool:
+        """Answer request `id` at once with this JSON body."""
+    def waiting(self) -> int:
+        """Requests waiting for a decision."""
+    def stop_accepting(self) -> None: ...
+    def close(self) -> None:
+        """Stop the runtime (its in-flight requests end) and join its thread."""

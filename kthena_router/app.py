@@ -257,11 +257,19 @@ def create_app(settings: RouterSettings | None = None) -> RouterApp:
         if access_log is not None:
             access_log.start()
         tasks.append(loop.create_task(loop_lag.run()))
+        front = None
+        if settings.interface == "rust":  # experimental: docs/rust-front.md
+            from kthena_router.front.bridge import RustFront
+
+            front = RustFront(settings, forwarder)
+            front.start()
         freeze_startup_heap()  # everything built so far lives as long as the worker
         gc_monitor.start()  # after the freeze's full collection: pauses while serving only
         try:
             yield
         finally:
+            if front is not None:
+                front.stop_accepting()
             gc_monitor.stop()
             if warmup is not None:
                 await warmup.close()
@@ -281,6 +289,8 @@ def create_app(settings: RouterSettings | None = None) -> RouterApp:
             # granian lets in-flight requests end before lifespan shutdown; this is a bound.
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(forwarder.idle.wait(), timeout=settings.drain_grace_s)
+            if front is not None:
+                front.close()
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task

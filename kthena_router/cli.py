@@ -57,8 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--admin-port", type=int, default=d.admin_port,
                    help="admin server port (/healthz, /readyz, /metrics, /admin/reload)")
     p.add_argument("--workers", type=int, default=d.workers, help="granian worker processes")
-    p.add_argument("--interface", choices=["rsgi", "asgi"], default=d.interface,
-                   help="granian interface of the workers: rsgi (default, less CPU per request) or asgi")
+    p.add_argument("--interface", choices=["rsgi", "asgi", "rust"], default=d.interface,
+                   help="granian interface of the workers: rsgi (default, less CPU per request) or asgi; "
+                        "rust: experimental Rust front end per worker (docs/rust-front.md)")
+    p.add_argument("--front-threads", type=int, default=d.front_threads,
+                   help="--interface rust: tokio threads of each worker's front end")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
                    help="larger request bodies get 413")
     p.add_argument("--drain-grace-s", "--drain-grace", dest="drain_grace_s", type=float,
@@ -118,6 +121,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         admin_port=args.admin_port,
         workers=args.workers,
         interface=args.interface,
+        front_threads=args.front_threads,
         max_body_bytes=args.max_body_bytes,
         drain_grace_s=args.drain_grace_s,
         log_level=args.log_level,

@@ -20,6 +20,7 @@ SETTINGS_ENV = "KTHENA_ROUTER_SETTINGS"
 PROMETHEUS_SUBDIR = "prometheus"
 RELOAD_TRIGGER_NAME = "reload-trigger"
 DRAIN_MARKER_NAME = "draining"
+FRONT_SOCKET_NAME = "granian.sock"  # --interface rust
 KUBE_CONFIG_NAME = "kubernetes-config.yaml"  # Kubernetes mode: the config the supervisor renders
 DEFAULT_LEASE_NAME = "kthena-router"
 # In a pod: the downward API (configs/deploy/router/base/deployment.yaml) and the mounted token's namespace.
@@ -52,7 +53,11 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Number of granian worker processes."""
     interface: str = "rsgi"
     """granian interface of the workers: rsgi (granian's native protocol, less CPU per
-    request) or asgi (the same app through granian's ASGI bridge); docs/overhead.md."""
+    request) or asgi (the same app through granian's ASGI bridge); docs/overhead.md.
+    `rust` (experimental, docs/rust-front.md): each worker serves the public port from a
+    Rust front end; granian runs the full app (RSGI) on a unix socket for the slow path."""
+    front_threads: int = 1
+    """--interface rust: tokio threads of each worker's front end."""
     max_body_bytes: int = 32 * 1024 * 1024
     """Request bodies above this size are refused with 413."""
     drain_grace_s: float = 30.0
@@ -180,8 +185,12 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise SettingsError(f"{name} must be in 1..65535, got {value}")
         if self.workers < 1:
             raise SettingsError(f"workers must be >= 1, got {self.workers}")
-        if self.interface not in ("rsgi", "asgi"):
-            raise SettingsError(f"interface must be rsgi or asgi, got {self.interface!r}")
+        if self.interface not in ("rsgi", "asgi", "rust"):
+            raise SettingsError(f"interface must be rsgi, asgi or rust, got {self.interface!r}")
+        if self.front_threads < 1:
+            raise SettingsError(f"front_threads must be >= 1, got {self.front_threads}")
+        if self.front_threads != 1 and self.interface != "rust":
+            raise SettingsError("front_threads (--front-threads) applies to --interface rust only")
         if self.upstream_pool_size < 1:
             raise SettingsError(f"upstream_pool_size must be >= 1, got {self.upstream_pool_size}")
         if self.max_body_bytes < 1:
@@ -213,6 +222,11 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     @property
     def prometheus_dir(self) -> str:
         return str(Path(self.runtime_dir) / PROMETHEUS_SUBDIR) if self.runtime_dir else ""
+
+    @property
+    def front_socket_path(self) -> str:
+        """--interface rust: granian's unix socket (the full app, the front's slow path)."""
+        return str(Path(self.runtime_dir) / FRONT_SOCKET_NAME) if self.runtime_dir else ""
 
     @property
     def drain_marker_path(self) -> str:

@@ -216,11 +216,15 @@ class Supervisor:
                     )
                 super().signal_handler_interrupt(*args, **kwargs)
 
+        bind: dict[str, Any] = {"address": settings.host, "port": settings.port}
+        if settings.interface == "rust":  # the workers' Rust front ends bind host:port (docs/rust-front.md)
+            uds = Path(settings.front_socket_path)
+            uds.unlink(missing_ok=True)
+            bind = {"uds": uds}
         server = RouterServer(
             settings.app_factory,
-            address=settings.host,
-            port=settings.port,
-            interface=Interfaces.RSGI if settings.interface == "rsgi" else Interfaces.ASGI,
+            **bind,
+            interface=Interfaces.ASGI if settings.interface == "asgi" else Interfaces.RSGI,
             workers=settings.workers,
             loop=Loops.uvloop,
             http=HTTPModes.http1,

@@ -30,7 +30,7 @@ traffic:
 """
 
 
-@pytest.fixture(scope="module", params=["rsgi", "asgi"])
+@pytest.fixture(scope="module", params=["rsgi", "asgi", "rust"])
 def setup(request: pytest.FixtureRequest, simulator_session: harness.Simulator,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[harness.Router, Path]]:
     work = tmp_path_factory.mktemp(f"iface-{request.param}")
@@ -219,3 +219,16 @@ def test_access_log(setup: tuple[harness.Router, Path], simulator: harness.Simul
 
     rec = harness.wait_until(line, 10, interval=0.1, what="access log line")
     assert rec["status"] == 200 and rec["stream"] is True and rec["completion_tokens"] == 8
+
+
+def test_completions_take_the_rust_fast_path_only_there(setup: tuple[harness.Router, Path],
+                                                        simulator: harness.Simulator,
+                                                        request: pytest.FixtureRequest) -> None:
+    """With a scheduler that prepares (awaits) its pick, `rust` still relays completions
+    itself (docs/rust-front.md); the granian interfaces have no front end."""
+    router, _ = setup
+    resp = httpx.post(f"{router.openai_url}/chat/completions", json=_chat(False), timeout=30)
+    assert resp.status_code == 200, resp.text
+    fams = harness.parse_metrics(router.metrics_text())
+    fast = harness.metric_value(fams, "kthena_router_front_decisions_total", decision="fast")
+    assert (fast >= 1) == (request.node.callspec.params["setup"] == "rust"), fast

@@ -62,17 +62,24 @@ def sim(work: Path) -> Iterator[harness.Simulator]:
         yield s
 
 
-def _start(work: Path, sim: harness.Simulator, name: str, *extra: str) -> harness.Router:
+def _start(work: Path, sim: harness.Simulator, name: str, *extra: str, interface: str = "rsgi") -> harness.Router:
     config = harness.write_config(work / f"{name}.yaml", _config(sim.ports))
     rc = work / f"{name}-router-config.yaml"
     rc.write_text(ROUTER_CONFIG)
     return harness.start_router(config, work, workers=1, extra_args=[
-        "--router-config", str(rc), "--health-probe-interval-s", "0.2", *extra])
+        "--router-config", str(rc), "--health-probe-interval-s", "0.2", "--interface", interface, *extra])
+
+
+@pytest.fixture(scope="module", params=["rsgi", "rust"])
+def interface(request: pytest.FixtureRequest) -> str:
+    """rsgi: the Python pipeline; rust: the same limits enforced by the Rust front's fast
+    path (docs/rust-front.md)."""
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def router_proc(work: Path, sim: harness.Simulator) -> Iterator[harness.Router]:
-    r = _start(work, sim, "main")
+def router_proc(work: Path, sim: harness.Simulator, interface: str) -> Iterator[harness.Router]:
+    r = _start(work, sim, f"main-{interface}", interface=interface)
     try:
         yield r
     finally:
@@ -263,11 +270,11 @@ def test_admission_limit_sheds_with_503_and_retry_after(router: harness.Router, 
     _short_ok(router)
 
 
-def test_pool_wait_deadline_gives_503(work: Path, sim: harness.Simulator) -> None:
+def test_pool_wait_deadline_gives_503(work: Path, sim: harness.Simulator, interface: str) -> None:
     sim.reset_faults()
     sim.reset_requests()
     _faults(sim, LONG, stall=True)
-    r2 = _start(work, sim, "pool1", "--upstream-pool-size", "1")
+    r2 = _start(work, sim, f"pool1-{interface}", "--upstream-pool-size", "1", interface=interface)
     try:
         r = _post_while_held(r2, sim, 1)  # the held request has the worker's only connection
         assert r.status_code == 503, r.text

@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 
 mod fairq;
+mod front;
 mod gil;
 mod kv_ownership;
 mod prefix;
@@ -27,5 +28,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kv_ownership::token_block_hashes, m)?)?;
     m.add_function(wrap_pyfunction!(kv_ownership::block_hash_key, m)?)?;
     m.add_class::<fairq::FairQueue>()?;
+    m.add_class::<front::Front>()?;
     Ok(())
 }

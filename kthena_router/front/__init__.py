@@ -1,0 +1,1 @@
+"""The experimental Rust front end (--interface rust): docs/rust-front.md."""

@@ -1,0 +1,87 @@
+"""Starts a worker's Rust front end (`--interface rust`) and wires it to the asyncio loop.
+
+Rust wakes the loop by writing a byte to its end of a socket pair; the loop's reader
+drains every queued event in one call (batched under load) and answers decisions through
+the thread-safe `_core.Front` methods. No Python runs on the front's tokio threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+from kthena_router.front.decide import FastPath
+from kthena_router.proxy.forward import Forwarder
+from kthena_router.settings import RouterSettings
+
+log = logging.getLogger(__name__)
+
+
+class RustFront:
+    """One per worker: built in the lifespan, closed at its end."""
+
+    def __init__(self, settings: RouterSettings, forwarder: Forwarder) -> None:
+        from kthena_router._core import Front
+
+        self.core: Any = Front(settings.host, settings.port, settings.front_socket_path, settings.front_threads,
+                               settings.max_body_bytes, settings.upstream_pool_size)
+        self.fast = FastPath(forwarder, self.core)
+        self.wake = socket.socket(fileno=self.core.wake_fd)
+        self.wake.setblocking(False)
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.loop.add_reader(self.wake.fileno(), self._on_wake)
+
+    def _on_wake(self) -> None:
+        try:
+            self.wake.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            pass
+        fast = self.fast
+        for ev in self._events():
+            try:
+                kind = ev[0]
+                if kind == 0:
+                    fast.decide(ev[1], ev[2], ev[3], ev[4], ev[5])
+                elif kind == 1:
+                    fast.done(*ev[1:])
+                else:
+                    fast.first_byte(ev[1], ev[2])
+            except Exception:
+                log.exception("rust front: event %d of request %d failed", ev[0], ev[1])
+                if ev[0] == 0:
+                    self.core.slow(ev[1])
+        fast.flush()
+
+    def _events(self) -> Iterator[tuple[Any, ...]]:
+        """Queued events; what arrives while these are handled is handled in the same wake."""
+        drain = self.core.drain
+        for _ in range(4):
+            events = drain()
+            if not events:
+                return
+            yield from events
+
+    def stop_accepting(self) -> None:
+        self.core.stop_accepting()
+
+    def close(self) -> None:
+        if self.loop is not None:
+            self.loop.remove_reader(self.wake.fileno())
+        self.core.close()
+        self._on_wake_final()
+        self.wake.close()
+
+    def _on_wake_final(self) -> None:
+        """Events queued before the runtime stopped, then what it never reported."""
+        fast = self.fast
+        for ev in self.core.drain():
+            if ev[0] == 1:
+                fast.done(*ev[1:])
+        fast.abandon_all()
+        fast.flush()

@@ -1,0 +1,339 @@
+"""The Python half of the Rust front end's fast path (docs/rust-front.md).
+
+`FastPath.decide` runs once per chat/text completion that reached the Rust front: it
+reuses the proxy pipeline's pieces (headers, body parse, route match, balancer pick,
+model rewrite) and either hands Rust a plan (endpoints in attempt order, body, headers,
+timeouts) or sends the request down the slow path, where granian runs the whole app.
+The choice is conservative: anything the fast path does not implement (auth, rate
+limits, fair queuing, session stickiness, PD two-hop, external providers, scale-from-zero
+holds, TLS upstreams, admission shedding, every error) goes slow.
+
+`FastPath.done` does the bookkeeping of proxy/executor.py and the relays for a request
+Rust has finished: balancer release, health and outlier feedback, the request, TTFT,
+TPOT and token metrics. Everything here runs on the worker's asyncio loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from prometheus_client import Counter
+
+from kthena_router.access_log import AccessRecord
+from kthena_router.endpoints.health import Failure
+from kthena_router.endpoints.registry import EndpointState
+from kthena_router.errors import _TYPES, RequestError
+from kthena_router.identity.model import ANONYMOUS
+from kthena_router.proxy.body import needs_usage_injection, parse_body, rewrite
+from kthena_router.proxy.executor import _with_fallbacks
+from kthena_router.proxy.forward import Forwarder
+from kthena_router.proxy.headers import RequestHeaders
+from kthena_router.proxy.paths import request_line, resolve
+from kthena_router.routing.table import ExternalMatch, RouteMatch, RouteNotFound
+from kthena_router.scheduling.request import RequestInfo
+from kthena_router.state import RouterState
+
+log = logging.getLogger(__name__)
+
+# codes of rust/py/src/front/fast.rs
+_FAILURES: tuple[Failure | None, ...] = (None, Failure.CONNECT, Failure.TIMEOUT, Failure.DIED, Failure.HTTP_5XX,
+                                         Failure.INVALID)
+_OK, _CONNECT, _TIMEOUT, _DIED, _HTTP_5XX, _INVALID = range(6)
+_E_NONE, _E_CLIENT, _E_AFTER_FIRST, _E_4XX, _E_FAILED, _E_TOO_LARGE, _E_POOL = range(7)
+_ERROR_TYPES = {_E_NONE: "", _E_CLIENT: "client_disconnect", _E_AFTER_FIRST: "upstream_error_after_first_byte",
+                _E_4XX: "upstream_4xx"}
+
+
+class _Live:
+    """A fast-path request between its plan and its end. Attempts are accounted as Rust
+    reports them: `begun` is the attempt whose health `pending` is open (-1: none),
+    `finished` how many attempts have their outcome recorded."""
+
+    __slots__ = ("order", "info", "pending", "begun", "answered", "finished", "downstream", "gauge", "model",
+                 "path_label", "route_label", "server_label", "request_id", "stream")
+
+    def __init__(self, order: list[EndpointState], info: RequestInfo | None, pending: Any, downstream: Any,
+                 gauge: Any, model: str, path_label: str, route_label: str, server_label: str, request_id: str,
+                 stream: bool) -> None:
+        self.order = order
+        self.info = info
+        self.pending = pending
+        self.begun = 0
+        self.answered = False
+        self.finished = 0
+        self.downstream = downstream
+        self.gauge = gauge
+        self.model = model
+        self.path_label = path_label
+        self.route_label = route_label
+        self.server_label = server_label
+        self.request_id = request_id
+        self.stream = stream
+
+
+def _host_header(ep: EndpointState) -> tuple[str, str]:
+    """("ip:port" to connect to, the Host header) of a plain-HTTP endpoint (upstream.py dest())."""
+    name = f"[{ep.ip}]" if ":" in ep.ip else ep.ip
+    addr = f"{name}:{ep.port}"
+    return addr, (name if ep.port == 80 else addr)
+
+
+def _secs(value: float | None) -> float:
+    return -1.0 if value is None else float(value)
+
+
+class FastPath:
+    """Per worker; `core` is the _core.Front answering decisions."""
+
+    def __init__(self, forwarder: Forwarder, core: Any) -> None:
+        self.fw = forwarder
+        self.core = core
+        self.balancer = forwarder.executor.balancer
+        self.metrics = forwarder.metrics
+        self.live: dict[int, _Live] = {}
+        decisions = Counter("kthena_router_front_decisions_total",
+                            "--interface rust: completions the front end sent down the fast path (Rust relays) "
+                            "or the slow path (the full app)", ["decision"], registry=self.metrics.registry)
+        self.n_fast = decisions.labels("fast")
+        self.n_slow = decisions.labels("slow")
+        # counter and gauge changes of one wake-up, written once each at its end (flush): a
+        # request ending in the same batch as the next one starts costs no gauge write
+        self.deltas: dict[Any, float] = {}
+        self.tasks: set[asyncio.Task[None]] = set()  # decisions awaiting the scheduler's prepare()
+
+    def _add(self, child: Any, value: float) -> None:
+        deltas = self.deltas
+        deltas[child] = deltas.get(child, 0.0) + value
+
+    def flush(self) -> None:
+        """Writes the batched counter and gauge changes (prometheus multiprocess files)."""
+        deltas = self.deltas
+        if deltas:
+            for child, value in deltas.items():
+                if value:
+                    child.inc(value)
+            deltas.clear()
+
+    # --- decision -----------------------------------------------------------------------
+
+    def decide(self, rid: int, path: str, query: bytes, headers: list[tuple[str, str]], raw: bytes) -> None:
+        """Answer Rust for request `rid`: fast (a plan), or slow."""
+        fw = self.fw
+        state = fw.holder.current
+        if state is None or fw.auth is not None or fw.fairness is not None:
+            self._slow(rid)
+            return
+        limit = state.traffic.admission.max_in_flight_per_worker
+        if limit and fw.in_flight - fw.zero_hold.held >= limit:
+            self._slow(rid)  # the full pipeline sheds (503 + Retry-After)
+            return
+        hdrs = RequestHeaders(headers)
+        if hdrs.refusal is not None or hdrs.content_type.startswith("multipart/"):
+            self._slow(rid)
+            return
+        try:
+            api = resolve("POST", path)
+            body = parse_body(raw, path)
+            match = state.table.match(body.model, path, hdrs.by_name, fw.rng)
+        except (RequestError, RouteNotFound):
+            self._slow(rid)  # the full pipeline answers the error
+            return
+        if not self._plain(state, match):
+            self._slow(rid)
+            return
+        assert isinstance(match, RouteMatch)
+        server = match.server
+        targets = state.targets.get(server.key, ())
+        info = None
+        if self.balancer.needs_request_info:
+            info = RequestInfo(hdrs.request_id, path, body.obj, server.model or match.upstream_model,
+                               body.model if match.is_lora else "", body.model)
+            task = asyncio.get_running_loop().create_task(
+                self._prepared(rid, path, query, hdrs, api.label, body, match, state, targets, info))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+            return
+        self._plan(rid, path, query, hdrs, api.label, body, match, state, targets, None)
+
+    def _slow(self, rid: int) -> None:
+        self._add(self.n_slow, 1)
+        self.core.slow(rid)
+
+    def _plain(self, state: RouterState, match: RouteMatch | ExternalMatch) -> bool:
+        """Whether the matched route needs nothing but a balancer pick and a relay."""
+        if type(match) is ExternalMatch:
+            return False
+        fw = self.fw
+        server = match.server
+        if not state.targets.get(server.key):
+            return False  # scale-from-zero hold or 503: the full pipeline
+        if state.pd and state.pd.get(server.key) is not None:
+            return False
+        if fw.limiter is not None and fw.limiter.plan(match.route, ANONYMOUS) is not None:
+            return False
+        return fw.sticky.for_route(match.route) is None
+
+    async def _prepared(self, rid: int, path: str, query: bytes, hdrs: RequestHeaders, label: str, body: Any,
+                        match: RouteMatch, state: RouterState, targets: tuple[EndpointState, ...],
+                        info: RequestInfo) -> None:
+        try:
+            await self.balancer.prepare(info)
+            self._plan(rid, path, query, hdrs, label, body, match, state, targets, info)
+        except Exception:
+            log.exception("fast-path decision failed; slow path")
+            self._slow(rid)
+        finally:
+            self.flush()  # not in a wake-up's batch
+
+    def _plan(self, rid: int, path: str, query: bytes, hdrs: RequestHeaders, label: str, body: Any,
+              match: RouteMatch, state: RouterState, targets: tuple[EndpointState, ...],
+              info: RequestInfo | None) -> None:
+        fw = self.fw
+        server = match.server
+        candidates = self.balancer.candidates(server.key, targets, info)
+        if not candidates:
+            self._slow(rid)  # 503 and probes: the full pipeline
+            return
+        if server.retry_attempts is not None:
+            attempts = 1 + server.retry_attempts
+            if attempts > len(candidates):
+                candidates = _with_fallbacks(candidates, targets)
+        else:
+            attempts = min(fw.settings.default_retry_endpoints, len(candidates))
+        now = time.monotonic()
+        usable = [ep for ep in candidates if ep.health.usable(now)] or candidates
+        order = [usable[i % len(usable)] for i in range(attempts)]
+        if any(ep.ssl for ep in order):
+            self._slow(rid)
+            return
+        inject = needs_usage_injection(body)
+        payload = rewrite(body, None if match.is_lora else match.upstream_model, inject)
+        block = hdrs.upstream
+        if server.upstream_headers:
+            block += b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in server.upstream_headers.items())
+        traffic = state.traffic_of(server.key)
+        t = traffic.timeouts
+        addrs, hosts = zip(*map(_host_header, order))
+        target = request_line("POST", path, query)[5:-11].decode("ascii")
+        timeouts = (float(t.connect_s), _secs(t.response_s), _secs(t.first_token_s), _secs(t.idle_s),
+                    _secs(t.total_s), float(t.pool_wait_s), float(server.retry_interval_s))
+        if not self.core.fast(rid, list(addrs), list(hosts), target, block, payload, body.stream, inject,
+                              timeouts, traffic.max_buffered_response_bytes, hdrs.request_id):
+            return  # the client left while we decided: nothing started
+        self._add(self.n_fast, 1)
+        ep = order[0]
+        route_label = f"{match.route.namespace}/{match.route.name}"
+        server_label = f"{server.namespace}/{server.name}"
+        downstream = self.metrics.downstream(body.model)
+        self._add(downstream, 1)
+        gauge = self.metrics.upstream(route_label, server_label, ep.key)
+        self._add(gauge, 1)
+        self.balancer.dispatched(ep, info)
+        fw.in_flight += 1
+        fw.idle.clear()
+        self.live[rid] = _Live(order, info, ep.health.begin(), downstream, gauge, body.model, label,
+                               route_label, server_label, hdrs.request_id, body.stream)
+
+    # --- completion ---------------------------------------------------------------------
+
+    def _pending(self, live: _Live, k: int) -> Any:
+        """The open health record of attempt k; a retry Rust ran is dispatched here."""
+        if live.begun != k:
+            ep = live.order[k]
+            self.metrics.retry(live.server_label)
+            self.balancer.dispatched(ep, live.info)
+            self._add(live.gauge, -1)
+            live.gauge = self.metrics.upstream(live.route_label, live.server_label, ep.key)
+            self._add(live.gauge, 1)
+            live.pending = ep.health.begin()
+            live.begun = k
+            live.answered = False
+        return live.pending
+
+    def _finish(self, live: _Live, k: int, code: int, error: int, last: bool, att_ttft: float | None,
+                tpot: float | None) -> None:
+        pending = self._pending(live, k)
+        ep = live.order[k]
+        failure = _FAILURES[code] if code < len(_FAILURES) else Failure.DIED
+        if last and error == _E_CLIENT and code == _OK:
+            ep.health.abandon(pending)
+        else:
+            if not live.answered and (code in (_OK, _HTTP_5XX, _INVALID) or (last and error == _E_AFTER_FIRST)):
+                ep.health.first_byte(pending)
+            ep.health.finish(pending, failure)
+        if failure is not None:
+            self.metrics.upstream_error(live.server_label, ep.key, failure.value)
+        self.balancer.finished(ep, att_ttft, tpot)
+        live.begun = -1
+        live.finished = k + 1
+
+    def first_byte(self, rid: int, attempts: list[tuple[int, int]]) -> None:
+        """A stream's first event reached the client: its attempt is no longer waiting
+        (stall tracking); the attempts that failed before it get their outcome."""
+        live = self.live.get(rid)
+        if live is None or not attempts:
+            return
+        k = len(attempts) - 1
+        for j in range(live.finished, k):
+            self._finish(live, j, attempts[j][1], _E_NONE, False, None, None)
+        live.order[k].health.first_byte(self._pending(live, k))
+        live.answered = True
+
+    def done(self, rid: int, status: int, error: int, attempts: list[tuple[int, int]], duration: float,
+             ttft: float, att_ttft: float, tpot: float, prompt: int, completion: int, events: int) -> None:
+        live = self.live.pop(rid, None)
+        if live is None:
+            return
+        fw = self.fw
+        metrics = self.metrics
+        balancer = self.balancer
+        fw.in_flight -= 1
+        if fw.in_flight == 0:
+            fw.idle.set()
+        self._add(live.downstream, -1)
+        order = live.order
+        if not attempts:
+            order[0].health.abandon(live.pending)
+            balancer.finished(order[0], None, None)
+        last = len(attempts) - 1
+        for k in range(live.finished, len(attempts)):
+            ok = k == last
+            self._finish(live, k, attempts[k][1], error, ok, att_ttft if ok and att_ttft >= 0 else None,
+                         tpot if ok and tpot >= 0 else None)
+        self._add(live.gauge, -1)
+        endpoint = order[attempts[-1][0]].key if attempts else order[0].key
+        if error == _E_TOO_LARGE:
+            metrics.upstream_error(live.server_label, endpoint, "response_too_large")
+        error_type = _ERROR_TYPES.get(error)  # else a router error: its status's type
+        if error_type is None:
+            error_type = _TYPES.get(status, "error")
+        model, path_label = live.model, live.path_label
+        code = str(status)  # metrics.observe_request, its counter batched
+        self._add(metrics._child(metrics.requests, (model, path_label, code, error_type, live.route_label,
+                                                    live.server_label, endpoint)), 1)
+        metrics._child(metrics.duration, (model, path_label, code)).observe(duration)
+        if ttft >= 0:
+            metrics.observe_ttft(model, path_label, ttft)
+        p = prompt if prompt >= 0 else None
+        c = completion if completion >= 0 else None
+        if p is not None or c is not None:
+            metrics.observe_tokens(model, path_label, p, c)
+            metrics.observe_endpoint_tokens(live.server_label, endpoint, "", p, c)
+            if live.info is not None and p:
+                balancer.observe_prompt_tokens(live.info, p)
+        if tpot >= 0:
+            metrics.observe_tpot(model, path_label, tpot)
+        if fw.access_log is not None:
+            fw.access_log.write(AccessRecord(
+                live.request_id, "POST", path_label, stream=live.stream, route=live.route_label,
+                server=live.server_label, model=model, endpoint=endpoint, status=status, error_type=error_type,
+                attempts=len(attempts), ttft_ms=round(ttft * 1000, 3) if ttft >= 0 else None,
+                duration_ms=round(duration * 1000, 3), prompt_tokens=p, completion_tokens=c))
+
+    def abandon_all(self) -> None:
+        """The front is closing: requests it still had end without an outcome."""
+        for rid in list(self.live):
+            self.done(rid, 499, _E_CLIENT, [], 0.0, -1.0, -1.0, -1.0, -1, -1, 0)

@@ -1,0 +1,135 @@
+//! The public listener (SO_REUSEPORT, TCP_NODELAY) and the per-request choice: chat and
+//! text completions ask Python for a decision (fast path, slow path or an error); every
+//! other request goes unchanged to granian's unix socket (slow path).
+
+use std::convert::Infallible;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1 as server_http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use socket2::{Domain, Socket, Type};
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+
+use super::body::{error_json, ReqBody, RespBody};
+use super::{fast, slow, Decision, Event, Shared};
+
+pub const FAST_PATHS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
+
+/// A bound, listening socket (std), made before the runtime starts so that errors reach Python.
+pub fn bind(host: &str, port: u16) -> std::io::Result<std::net::TcpListener> {
+    let addr: SocketAddr = (host, port)
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address"))?;
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    sock.set_reuse_address(true)?;
+    sock.set_reuse_port(true)?; // every worker binds: the kernel spreads connections
+    sock.set_nodelay(true)?; // Linux copies it to accepted sockets; set again per socket anyway
+    sock.bind(&addr.into())?;
+    sock.listen(2048)?;
+    sock.set_nonblocking(true)?;
+    Ok(sock.into())
+}
+
+pub async fn serve(shared: Arc<Shared>, listener: std::net::TcpListener, mut stop: watch::Receiver<bool>) {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(_) => return,
+    };
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.changed() => break,
+            r = listener.accept() => r,
+        };
+        let Ok((stream, _)) = accepted else { continue };
+        let _ = stream.set_nodelay(true);
+        let sh = shared.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| handle(sh.clone(), req));
+            let _ = server_http1::Builder::new().keep_alive(true).serve_connection(TokioIo::new(stream), svc).await;
+        });
+    }
+}
+
+fn json(status: StatusCode, body: Bytes) -> Response<RespBody> {
+    let mut r = Response::new(RespBody::full(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+fn latin1(b: &[u8]) -> String {
+    b.iter().map(|c| *c as char).collect()
+}
+
+/// Removes the waiting entry when the client leaves before Python has answered.
+struct Waiting<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.shared.forget(self.id);
+    }
+}
+
+async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<RespBody>, Infallible> {
+    let t0 = Instant::now();
+    if req.method() != Method::POST || !FAST_PATHS.contains(&req.uri().path()) {
+        return Ok(slow::forward(&shared, req.map(ReqBody::Stream)).await);
+    }
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    if declared.is_some_and(|n| n > shared.max_body) {
+        return Ok(slow::forward(&shared, req.map(ReqBody::Stream)).await); // the full pipeline answers 413
+    }
+    let (parts, body) = req.into_parts();
+    let raw = match Limited::new(body, shared.max_body).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                let msg = format!("request body exceeds the router's limit ({} bytes)", shared.max_body);
+                return Ok(json(StatusCode::PAYLOAD_TOO_LARGE, error_json(413, &msg, 413.into())));
+            }
+            let msg = "request body incomplete or malformed (invalid chunked framing or connection closed)";
+            return Ok(json(StatusCode::BAD_REQUEST, error_json(400, msg, 400.into())));
+        }
+    };
+    let (tx, rx) = oneshot::channel();
+    let id = shared.wait(tx);
+    let headers = parts.headers.iter().map(|(k, v)| (k.as_str().to_string(), latin1(v.as_bytes()))).collect();
+    shared.push(Event::Decide {
+        id,
+        path: parts.uri.path().to_string(),
+        query: parts.uri.query().unwrap_or("").as_bytes().to_vec(),
+        headers,
+        body: raw.clone(),
+    });
+    let waiting = Waiting { shared: &shared, id };
+    let decision = rx.await;
+    drop(waiting);
+    Ok(match decision {
+        Ok(Decision::Fast(plan)) => fast::run(shared.clone(), id, *plan, t0).await,
+        Ok(Decision::Reply(status, body, headers)) => {
+            let mut r = json(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), body);
+            for (k, v) in headers {
+                r.headers_mut().append(k, v);
+            }
+            r
+        }
+        Ok(Decision::Slow) | Err(_) => slow::forward(&shared, Request::from_parts(parts, ReqBody::Full(Some(raw)))).await,
+    })
+}
