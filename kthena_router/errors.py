@@ -16,7 +16,7 @@ from starlette.responses import Response
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 # type names per status (vLLM/OpenAI style)
-_TYPES = {
+ERROR_TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
     403: "PermissionDeniedError",
@@ -41,14 +41,14 @@ class RequestError(Exception):
         self.headers = list(headers)  # extra response headers: WWW-Authenticate, Retry-After, x-ratelimit-*
         self.status = status
         self.message = message
-        self.type = type_ or _TYPES.get(status, "error")
+        self.type = type_ or ERROR_TYPES.get(status, "error")
         self.param = param
         self.code = code if code is not None else status
 
 
 def error_payload(status: int, message: str, type_: str | None = None, param: str | None = None,
                   code: int | str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_ or _TYPES.get(status, "error"),
+    return {"error": {"message": message, "type": type_ or ERROR_TYPES.get(status, "error"),
                       "param": param, "code": code if code is not None else status}}
 
 

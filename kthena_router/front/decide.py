@@ -25,10 +25,10 @@ from prometheus_client import Counter
 from kthena_router.access_log import AccessRecord
 from kthena_router.endpoints.health import Failure
 from kthena_router.endpoints.registry import EndpointState
-from kthena_router.errors import _TYPES, RequestError
+from kthena_router.errors import ERROR_TYPES, RequestError
 from kthena_router.identity.model import ANONYMOUS
 from kthena_router.proxy.body import needs_usage_injection, parse_body, rewrite
-from kthena_router.proxy.executor import _with_fallbacks
+from kthena_router.proxy.executor import with_fallbacks
 from kthena_router.proxy.forward import Forwarder
 from kthena_router.proxy.headers import RequestHeaders
 from kthena_router.proxy.paths import request_line, resolve
@@ -200,7 +200,7 @@ class FastPath:
         if server.retry_attempts is not None:
             attempts = 1 + server.retry_attempts
             if attempts > len(candidates):
-                candidates = _with_fallbacks(candidates, targets)
+                candidates = with_fallbacks(candidates, targets)
         else:
             attempts = min(fw.settings.default_retry_endpoints, len(candidates))
         now = time.monotonic()
@@ -309,7 +309,7 @@ class FastPath:
             metrics.upstream_error(live.server_label, endpoint, "response_too_large")
         error_type = _ERROR_TYPES.get(error)  # else a router error: its status's type
         if error_type is None:
-            error_type = _TYPES.get(status, "error")
+            error_type = ERROR_TYPES.get(status, "error")
         model, path_label = live.model, live.path_label
         code = str(status)  # metrics.observe_request, its counter batched
         self._add(metrics._child(metrics.requests, (model, path_label, code, error_type, live.route_label,

@@ -88,7 +88,7 @@ class Executor:
         if server.retry_attempts is not None:  # explicit policy, 0 = no retry
             attempts = 1 + server.retry_attempts
             if pinned is None and attempts > len(candidates):
-                candidates = _with_fallbacks(candidates, targets)
+                candidates = with_fallbacks(candidates, targets)
         else:  # no retry policy: each candidate at most once, up to the default count
             attempts = min(self.settings.default_retry_endpoints, len(candidates))
         last: AttemptFailure | None = None
@@ -207,7 +207,7 @@ class Executor:
                 conn.close()
 
 
-def _with_fallbacks(candidates: list[EndpointState], targets: Sequence[EndpointState]) -> list[EndpointState]:
+def with_fallbacks(candidates: list[EndpointState], targets: Sequence[EndpointState]) -> list[EndpointState]:
     """The ranked candidates, then the other usable endpoints: when the scheduler's filter kept
     fewer endpoints than there are retries, a retry goes to an endpoint not yet tried rather
     than back to the one that just failed."""

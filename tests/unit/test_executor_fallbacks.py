@@ -6,7 +6,7 @@ import time
 
 from kthena_router.endpoints.health import EndpointHealth
 from kthena_router.endpoints.registry import EndpointState
-from kthena_router.proxy.executor import _next_candidate, _with_fallbacks
+from kthena_router.proxy.executor import _next_candidate, with_fallbacks
 
 
 def _eps(n: int) -> tuple[EndpointState, ...]:
@@ -17,7 +17,7 @@ def _eps(n: int) -> tuple[EndpointState, ...]:
 def test_fallbacks_follow_the_ranked_candidates_and_skip_unusable_ones() -> None:
     a, b, c = _eps(3)
     c.health.eject(time.monotonic())
-    out = _with_fallbacks([b], (a, b, c))
+    out = with_fallbacks([b], (a, b, c))
     assert out == [b, a]  # ranked first, then the usable rest; the ejected one is left out
 
 
@@ -26,6 +26,6 @@ def test_a_retry_after_the_only_ranked_candidate_reaches_another_endpoint() -> N
     ranked = [a]  # e.g. least-request's filter kept only the (failing) endpoint a
     plain = [ep.key for ep in (_next_candidate(ranked, 0), _next_candidate(ranked, 1))]
     assert plain == [a.key, a.key]  # without fallbacks the retry goes back to a
-    full = _with_fallbacks(ranked, (a, b))
+    full = with_fallbacks(ranked, (a, b))
     tried = [_next_candidate(full, 0), _next_candidate(full, 1)]
     assert [ep.key for ep in tried if ep] == [a.key, b.key]
