@@ -18,6 +18,7 @@ from kthena_router._core import BlockHashes, PrefixIndex, prefix_hashes
 from kthena_router.podstate import wire
 from kthena_router.podstate.client import PodStateClient
 from kthena_router.podstate.link import PodStateLink
+from kthena_router.scheduling.insert_scopes import InsertTargets
 from kthena_router.shared_index.sync import SharedIndexSync, encode
 
 BLOCKS = {"64blk": 64, "1024blk": 1024}
@@ -58,7 +59,7 @@ def test_bench_pod_state_apply_inserts(benchmark, blocks):
     link = PodStateLink.__new__(PodStateLink)
     link.inserts_applied = 0
     target = _target()
-    link.scheduler = lambda: target
+    link.targets = InsertTargets(lambda: target)
     benchmark(link._inserts, payload)
     assert target.index.endpoint_len(RECORDS - 1) == blocks
 
@@ -69,7 +70,7 @@ def _sync(target: Any) -> SharedIndexSync:
     sync.metrics = SimpleNamespace(dropped=None, merged=SimpleNamespace(inc=lambda n: None))
     sync.settings = SimpleNamespace(ttl_s=3600.0)
     sync.replica = b"this"
-    sync.target = lambda: target
+    sync.target = InsertTargets(lambda: target)
     return sync
 
 
