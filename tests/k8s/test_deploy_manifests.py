@@ -212,7 +212,8 @@ def test_rbac_grants_what_the_router_needs_and_no_more(control_plane: k8s_harnes
                                                        namespaces: dict[str, str], tmp_path: Path,
                                                        variant: str) -> None:
     ns, other = namespaces[variant], namespaces["other"]
-    suffix = f"-{secrets.token_hex(3)}"
+    # a letter first: "-1e5"-like hex is a string to PyYAML but a number to kustomize
+    suffix = f"-t{secrets.token_hex(3)}"
     docs = _render(control_plane, _wrap(tmp_path / "w", variant, ns, suffix))
     rbac = [d for d in docs if d["kind"] in ("ServiceAccount", "Role", "RoleBinding", "ClusterRole",
                                               "ClusterRoleBinding")]
