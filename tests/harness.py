@@ -469,6 +469,17 @@ def write_config(path: Path, docs: Sequence[dict[str, Any]] | str) -> Path:
 # --- metrics -------------------------------------------------------------------------
 
 
+def stream_with_dying_engines(router: "Router", simulator: "Simulator", body: dict[str, Any],
+                              after_tokens: int = 2) -> list[str]:
+    """Every engine dies after `after_tokens` streamed tokens; the `data:` lines the client got."""
+    for i in range(len(simulator.ports)):
+        simulator.set_faults(i, die_after_tokens=after_tokens)
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", f"{router.openai_url}/chat/completions", json=body) as resp:
+            assert resp.status_code == 200  # headers went out before the engine died
+            return [line for line in resp.iter_lines() if line.startswith("data: ")]
+
+
 def parse_metrics(text: str) -> dict[str, Any]:
     """{family name: Metric} parsed with prometheus_client's parser (raises on bad text)."""
     from prometheus_client.parser import text_string_to_metric_families

@@ -104,12 +104,7 @@ def test_retry_before_the_first_byte(setup: tuple[harness.Router, Path], simulat
 def test_error_event_after_the_first_byte(setup: tuple[harness.Router, Path],
                                           simulator: harness.Simulator) -> None:
     router, _ = setup
-    for i in range(len(simulator.ports)):
-        simulator.set_faults(i, die_after_tokens=2)
-    with httpx.Client(timeout=60) as http:
-        with http.stream("POST", f"{router.openai_url}/chat/completions", json=_chat(True, 10)) as resp:
-            assert resp.status_code == 200
-            lines = [line for line in resp.iter_lines() if line.startswith("data: ")]
+    lines = harness.stream_with_dying_engines(router, simulator, _chat(True, 10))
     assert "data: [DONE]" not in lines
     assert "error" in json.loads(lines[-1][6:])
 

@@ -100,13 +100,8 @@ def test_retry_before_the_first_byte(setup: tuple[harness.Router, int], simulato
 def test_error_event_after_the_first_byte(setup: tuple[harness.Router, int],
                                           simulator: harness.Simulator) -> None:
     router, _ = setup
-    for i in range(len(simulator.ports)):
-        simulator.set_faults(i, die_after_tokens=2)
-    with httpx.Client(timeout=60) as http:
-        with http.stream("POST", f"{router.openai_url}/chat/completions",
-                         json={"model": "demo", "messages": MSGS, "max_tokens": 10, "stream": True}) as resp:
-            assert resp.status_code == 200
-            lines = [line for line in resp.iter_lines() if line.startswith("data: ")]
+    lines = harness.stream_with_dying_engines(
+        router, simulator, {"model": "demo", "messages": MSGS, "max_tokens": 10, "stream": True})
     assert "data: [DONE]" not in lines
     err = json.loads(lines[-1][6:])["error"]
     assert err["code"] == 502 and "incomplete" in err["message"]
