@@ -132,18 +132,36 @@ def warm_directly(sim: harness.Simulator, router: harness.Router, tag: str, keys
                            interval=0.1, what=f"router caught up with engine {i}")
 
 
+def engine_view(router: harness.Router, keys: list[str]) -> dict[str, tuple[float, float]]:
+    """{endpoint: (healthy, metrics stale)} as the router sees them."""
+    fams = harness.parse_metrics(router.metrics_text())
+    return {k: (harness.metric_value(fams, "kthena_router_endpoint_healthy", endpoint=k),
+                harness.metric_value(fams, "kthena_router_endpoint_metrics_stale", endpoint=k)) for k in keys}
+
+
+def wait_engines_fresh(router: harness.Router, keys: list[str]) -> None:
+    """Every engine a candidate with a fresh scrape: a stale one counts as the most loaded,
+    which on a loaded machine can outweigh its prefix match (that is least-request's job,
+    not what these tests are about)."""
+    harness.wait_until(lambda: set(engine_view(router, keys).values()) == {(1.0, 0.0)}, 30,
+                       interval=0.1, what="every engine healthy and freshly scraped")
+
+
 def test_auto_routes_to_the_engine_that_holds_the_prefix_off_does_not(setup: Any) -> None:
     sim, auto, off, keys = setup
     want = [LABELLED[g % len(LABELLED)] for g in range(GROUPS)]
     warm_directly(sim, auto, "p", keys)
+    wait_engines_fresh(auto, keys)
     before = metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down")
     for g in range(GROUPS):
         post(auto.base_url, "p", g, f"auto-p{g}")
-    assert [served_by(sim, f"auto-p{g}") for g in range(GROUPS)] == want
+    got = [served_by(sim, f"auto-p{g}") for g in range(GROUPS)]
+    assert got == want, (got, engine_view(auto, keys), ownership(auto))
     assert metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down") == before
     # the control: the same pipeline without exact matching cannot know what the engines
     # hold (each group lands on the warmed engine with probability ~1/3)
     warm_directly(sim, auto, "q", keys)
+    wait_engines_fresh(off, keys)
     for g in range(GROUPS):
         post(off.base_url, "q", g, f"off-q{g}")
     got = [served_by(sim, f"off-q{g}") for g in range(GROUPS)]
@@ -168,6 +186,7 @@ def test_stopped_stream_falls_back_to_the_approximate_index(setup: Any) -> None:
     harness.wait_until(lambda: metric(auto, "kthena_router_kv_events_stream_up", endpoint=keys[0]) == 0, 30,
                        interval=0.1, what="engine 0's stream down in the router")
     assert ownership(auto)[keys[0]]["blocks"] == []  # nothing trusted from a dead stream
+    wait_engines_fresh(auto, keys)
     before = metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down")
     # group g of "p" went to engine g % 2 through this router: its dispatch-time inserts
     # keep engine 0's groups there although its stream is gone

@@ -124,13 +124,21 @@ async def _measure(config: Path, body: bytes, n: int, leave_early: bool,
             await asyncio.sleep(0.2)
             gc.collect()
             gc.garbage.clear()
-        before, ours_before = _live(), _request_objects()
-        statuses = await _requests(port, body, n, conc, leave_early, pause_s)
-        await asyncio.sleep(0.2)  # responses fully written, watchers done
-        gc.collect()
-        garbage = list(gc.garbage)
-        gc.garbage.clear()
-        growth = _live() - before
+        # Two measured batches: what one request keeps alive grows in both, while a one-off
+        # set (a cache filled once, seen on a loaded machine) grows in one only.
+        statuses: list[int] = []
+        garbage: list[Any] = []
+        growths: list[int] = []
+        ours_before = _request_objects()
+        for _ in range(2):
+            before = _live()
+            statuses += await _requests(port, body, n, conc, leave_early, pause_s)
+            await asyncio.sleep(0.2)  # responses fully written, watchers done
+            gc.collect()
+            garbage += gc.garbage
+            gc.garbage.clear()
+            growths.append(_live() - before)
+        growth = min(growths)
         ours = _request_objects() - ours_before
     finally:
         server.stop()
@@ -174,11 +182,11 @@ def test_requests_leave_no_garbage(scenario: str, interface: Interfaces, simulat
         if was_enabled:
             gc.enable()
     counts = collections.Counter(statuses)
-    assert len(statuses) == n and set(counts) <= expected, counts
+    assert len(statuses) == 2 * n and set(counts) <= expected, counts
     assert counts[min(expected)] > 0, counts  # e.g. the failing attempts themselves were measured
     kinds = collections.Counter(type(o).__qualname__ for o in garbage).most_common(10)
-    # One cycle per request would leave >= n objects; a few one-off objects are fine.
-    assert len(garbage) <= 10, f"{len(garbage)} cyclic objects after {n} requests: {kinds}"
+    # One cycle per request would leave >= 2n objects; a few one-off objects are fine.
+    assert len(garbage) <= 10, f"{len(garbage)} cyclic objects after {2 * n} requests: {kinds}"
     # Nothing of a finished request stays alive (a request's watcher held its task).
     assert not ours, ours
-    assert growth < n // 2, f"{growth} more live objects after {n} requests"
+    assert growth < n // 2, f"{growth} more live objects after {n} requests (the smaller of 2 batches)"
