@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from .checks import named_overrides
 from .duration import parse_duration
 
 __all__ = ["Timeouts", "OutlierDetection", "Admission", "ServerTraffic", "TrafficSettings",
@@ -219,16 +220,7 @@ def parse_traffic(c: Collector, v: Any, path: str = "traffic") -> TrafficSetting
     admission, _ = _struct(c, Admission(), m.get("admission"), f"{path}.admission", _ADMISSION_KEYS)
     overrides: dict[str, ServerTraffic] = {}
     response_set: set[str] = set()
-    servers = m.get("modelServers")
-    if servers is not None and not isinstance(servers, dict):
-        c.err(f"{path}.modelServers", f"must be a mapping of ModelServer name to settings, got {type(servers).__name__}")
-        servers = None
-    for name, raw in (servers or {}).items():
-        p = f"{path}.modelServers.{name}"
-        if not isinstance(name, str) or not name or name.count("/") > 1:
-            c.err(p, "key must be a ModelServer name or namespace/name")
-            continue
-        key = name if "/" in name else f"default/{name}"
+    for key, p, raw in named_overrides(c, m.get("modelServers"), f"{path}.modelServers", "ModelServer"):
         eff, response = _server(c, defaults, raw, p)
         overrides[key] = eff
         if response:

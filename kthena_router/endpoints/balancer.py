@@ -35,12 +35,10 @@ class Balancer(Protocol):
         """The engine reported the request's prompt size (usage.prompt_tokens)."""
 
 
-class RoundRobinBalancer:
-    needs_request_info = False
+class NoFeedback:
+    """The executor's balancer hooks for a picker that learns nothing from outcomes."""
 
-    def __init__(self, selector: EndpointSelector | None = None) -> None:
-        self.selector = selector if selector is not None else EndpointSelector()
-        self._counters: dict[Hashable, itertools.count[int]] = {}
+    needs_request_info = False
 
     async def prepare(self, info: Any) -> None:
         pass
@@ -53,6 +51,12 @@ class RoundRobinBalancer:
 
     def observe_prompt_tokens(self, info: Any, prompt_tokens: int) -> None:
         pass
+
+
+class RoundRobinBalancer(NoFeedback):
+    def __init__(self, selector: EndpointSelector | None = None) -> None:
+        self.selector = selector if selector is not None else EndpointSelector()
+        self._counters: dict[Hashable, itertools.count[int]] = {}
 
     def candidates(self, key: Hashable, endpoints: Sequence[T], info: Any = None) -> list[T]:
         """Usable endpoints, rotated by one position per call for this key."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from ..config.checks import check_int, check_list, check_mapping, check_str, join_path, type_name
+from ..config.checks import check_int, check_list, check_mapping, check_str, join_path, named_overrides, type_name
 
 __all__ = ["FairnessSettings", "PriorityClass", "Saturation", "parse_fairness", "DEFAULT_CLASS"]
 
@@ -148,13 +148,6 @@ def _saturation(c: Collector, v: Any, path: str) -> Saturation:
                       check_int(c, m.get("maxWaitingPerEndpoint"), f"{path}.maxWaitingPerEndpoint", 0))
 
 
-def _route_key(c: Collector, name: Any, path: str) -> str | None:
-    if not isinstance(name, str) or not name or name.count("/") > 1 or name.startswith("/") or name.endswith("/"):
-        c.err(path, "key must be a ModelRoute name or namespace/name")
-        return None
-    return name if "/" in name else f"default/{name}"
-
-
 def _class_name(c: Collector, v: Any, path: str, known: set[str]) -> str | None:
     name = check_str(c, v, path)
     if name is not None and name not in known:
@@ -187,15 +180,9 @@ def parse_fairness(c: Collector, v: Any, path: str = "fairness") -> FairnessSett
     else:
         default_name = _class_name(c, default, f"{path}.defaultPriority", known) or DEFAULT_CLASS
     routes: dict[str, str] = {}
-    raw_routes = m.get("routes")
-    if raw_routes is not None and not isinstance(raw_routes, dict):
-        c.err(f"{path}.routes", f"must be a mapping of ModelRoute name to settings, got {type_name(raw_routes)}")
-        raw_routes = None
-    for name, item in (raw_routes or {}).items():
-        p = join_path(f"{path}.routes", str(name))
-        key = _route_key(c, name, p)
+    for key, p, item in named_overrides(c, m.get("routes"), f"{path}.routes", "ModelRoute"):
         rm = check_mapping(c, item, p, ("defaultPriority",), required=("defaultPriority",))
-        if key is None or rm is None:
+        if rm is None:
             continue
         cls = _class_name(c, rm.get("defaultPriority"), f"{p}.defaultPriority", known)
         if cls is not None:

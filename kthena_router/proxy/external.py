@@ -38,6 +38,7 @@ from kthena_router.config.external_provider import ANTHROPIC, PROVIDER_PATHS, Ex
 from kthena_router.config.provider_settings import DEFAULT_PROVIDER_SETTINGS, ExternalProvidersSettings, \
     ProviderSettings
 from kthena_router.config.traffic import Timeouts, TrafficSettings
+from kthena_router.endpoints.balancer import NoFeedback
 from kthena_router.endpoints.health import EndpointHealth, Failure, HealthProber
 from kthena_router.endpoints.registry import EndpointState
 from kthena_router.errors import RequestError
@@ -65,19 +66,6 @@ _FORWARD_BY_TYPE = {ANTHROPIC: _FORWARD | {"anthropic-version", "anthropic-beta"
 _FIXED = b"accept-encoding: identity\r\nuser-agent: kthena-router\r\n"
 
 
-class _NoBalancer:
-    """The executor's balancer hooks, for a target that is not scheduled."""
-
-    needs_request_info = False
-
-    def dispatched(self, ep: Any, info: Any) -> None:
-        pass
-
-    def finished(self, ep: Any, ttft_s: float | None = None, tpot_s: float | None = None) -> None:
-        pass
-
-    def observe_prompt_tokens(self, info: Any, prompt_tokens: int) -> None:
-        pass
 
 
 class _Target:
@@ -164,7 +152,7 @@ class ExternalDispatcher(Executor):
                  prober: HealthProber,
                  provider_settings: Callable[[], ExternalProvidersSettings] = lambda: DEFAULT_PROVIDER_SETTINGS,
                  ) -> None:
-        super().__init__(settings, pool, _NoBalancer(), metrics, prober)  # type: ignore[arg-type]
+        super().__init__(settings, pool, NoFeedback(), metrics, prober)  # type: ignore[arg-type]
         self.provider_settings = provider_settings  # the installed router configuration's section
         self._targets: dict[tuple[str, str], _Target] = {}
         self._ssl: dict[tuple[bool, str | None], ssl.SSLContext] = {}

@@ -55,7 +55,7 @@ traffic:
     ("traffic: {outlierDetection: {consecutiveFailures: 0}}", "traffic.outlierDetection.consecutiveFailures"),
     ("traffic: {outlierDetection: {baseEjectionTime: 60s}}", "traffic.outlierDetection.baseEjectionTime"),
     ("traffic: {admission: {maxInFlightPerWorker: -1}}", "traffic.admission.maxInFlightPerWorker"),
-    ("traffic: {modelServers: {a/b/c: {}}}", "traffic.modelServers.a/b/c"),
+    ("traffic: {modelServers: {a/b/c: {}}}", 'traffic.modelServers["a/b/c"]'),
     ("traffic: {modelServers: {x: {timeouts: {idle: 1}}}}", "traffic.modelServers.x.timeouts.idle"),
     ("traffic: [1]", "traffic"),
 ])

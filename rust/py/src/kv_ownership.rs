@@ -211,7 +211,11 @@ impl KvOwnership {
                 &mut hashes,
             )
         };
-        gil::run(py, t.len().min(max_blocks.saturating_mul(block_size)) > GIL_RELEASE_TOKENS, run);
+        gil::run(
+            py,
+            t.len().min(max_blocks.saturating_mul(block_size)) > GIL_RELEASE_TOKENS,
+            run,
+        );
         let mut me = slf.borrow_mut();
         let me = &mut *me;
         me.inner.match_hashes(&hashes, &mut me.out);
