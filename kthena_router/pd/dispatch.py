@@ -101,10 +101,7 @@ class PdDispatcher:
         """Deliver a response to the client, or raise RequestError (nothing sent yet)."""
         server = match.server
         loop = asyncio.get_running_loop()
-        t = x.timeouts = traffic.timeouts
-        x.max_buffered = traffic.max_buffered_response_bytes
-        if t.total_s is not None:
-            x.deadline = loop.time() + t.total_s
+        x.apply_limits(traffic.timeouts, traffic.max_buffered_response_bytes, loop.time())
         if topo.problem is not None:
             raise RequestError(503, f"{topo.problem}; no prefill/decode pair can serve `{x.model_label}`",
                                code="pd_unavailable")

@@ -70,10 +70,7 @@ class Executor:
         server = match.server
         balancer = self.balancer
         loop = asyncio.get_running_loop()
-        t = x.timeouts = traffic.timeouts
-        x.max_buffered = traffic.max_buffered_response_bytes
-        if t.total_s is not None:
-            x.deadline = loop.time() + t.total_s
+        x.apply_limits(traffic.timeouts, traffic.max_buffered_response_bytes, loop.time())
         if pinned is not None:
             candidates = [pinned] if pinned.health.healthy else []
         else:

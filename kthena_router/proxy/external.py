@@ -190,11 +190,8 @@ class ExternalDispatcher(Executor):
         head = request_line("POST", path, query)
         if target.redact:
             x.down = _Redacting(x.down, target.redact)
-        t = x.timeouts = target.timeouts_for(traffic, ps)
-        x.max_buffered = traffic.defaults.max_buffered_response_bytes
         loop = asyncio.get_running_loop()
-        if t.total_s is not None:
-            x.deadline = loop.time() + t.total_s
+        x.apply_limits(target.timeouts_for(traffic, ps), traffic.defaults.max_buffered_response_bytes, loop.time())
         last = None
         tried = 0
         for attempt in range(1 + ps.retry_attempts):

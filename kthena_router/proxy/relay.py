@@ -121,6 +121,14 @@ class Exchange:
         # where the prompt was computed when not at endpoint_label (a PD pair's prefill), else ""
         self.input_endpoint = ""
 
+    def apply_limits(self, timeouts: Timeouts, max_buffered: int, now: float) -> None:
+        """The target's timeouts and buffered-reply cap; the total timeout's clock starts `now`
+        (loop time)."""
+        self.timeouts = timeouts
+        self.max_buffered = max_buffered
+        if timeouts.total_s is not None:
+            self.deadline = now + timeouts.total_s
+
     def start_headers(self, resp: Response) -> list[tuple[bytes, bytes]]:
         """Response headers for the client: the upstream's, filtered, plus ours (the
         Downstream adds Content-Length to a complete response)."""
