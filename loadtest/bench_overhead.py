@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from loadtest import overhead_targets
+from loadtest import overhead_targets, paired_cells
 from loadtest.loadgen import LoadGen, chat_body, install_uvloop, summarize
 from loadtest.procs import HOST, Engines, Proc, StartError, busy_cpu_s, nodelay_shim, peer_available, \
     start_peer, start_router, start_simulator, tree_cpu_s, tree_size
@@ -215,6 +215,15 @@ def table(summary: dict, comparison: dict, markdown: bool = False) -> str:
     return _render(head, rows, markdown) + "\n\n" + _render(head2, rows2, markdown)
 
 
+def paired_table(paired_comparison: dict, markdown: bool = False) -> str:
+    """Added latency from the paired cells (every target in the same window)."""
+    head = ["router (paired)", "mode", "conc", "added p50 ms", "added p99 ms", "added p99.9 ms"]
+    rows = [[t, m, c, _range(v, "added_p50_ms"), _range(v, "added_p99_ms"), _range(v, "added_p999_ms")]
+            for t, per_mode in paired_comparison.items() for m, per_c in per_mode.items()
+            for c, v in per_c.items()]
+    return _render(head, rows, markdown) if rows else ""
+
+
 def _render(head: list[str], rows: list[list[str]], markdown: bool) -> str:
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -267,6 +276,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vllm-policy", help="vllm-router's policy (default --peer-policy)")
     p.add_argument("--no-nodelay-shim", dest="nodelay_shim", action="store_false",
                    help="run sglang-router without the TCP_NODELAY preload shim")
+    p.add_argument("--paired", default="1", metavar="CONCS",
+                   help="concurrencies at which each repeat also runs one latency cell per mode whose "
+                        "requests rotate over every target one by one (loadtest/paired_cells.py); "
+                        "the targets' low-concurrency latency checks use them ('' for none)")
     p.add_argument("--engines", type=int, default=3)
     p.add_argument("--model", default="demo")
     p.add_argument("--max-tokens", type=int, default=16)
@@ -284,6 +297,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.requests is None and a.duration is None:
         a.requests = 4000
     a.concs = sorted({int(x) for x in a.concurrency.split(",") if x.strip()})
+    a.paired_concs = sorted({int(x) for x in a.paired.split(",") if x.strip()} & set(a.concs))
     a.mode_list = [m for m in MODES if m in {x.strip() for x in a.modes.split(",")}]
     if not a.mode_list:
         p.error(f"--modes: choose from {', '.join(MODES)}")
@@ -322,7 +336,8 @@ async def bench(a, logdir: Path, procs: list[Proc]) -> dict:
     targets = {"direct": direct, **{name: [url] for name, (_, url) in routers.items()}}
     tree_sizes = {name: tree_size(routers[name][0].pid) for name in a.routers}
 
-    cells = []
+    cells: list[dict] = []
+    paired: list[dict] = []
     for rep in range(a.repeats):
         for m in a.mode_list:
             for c in a.concs:
@@ -338,6 +353,15 @@ async def bench(a, logdir: Path, procs: list[Proc]) -> dict:
                         f"  foreign load {cell['foreign_cpu_cores']:.2f} cores",
                         file=sys.stderr,
                     )
+        for m in a.mode_list:
+            for c in a.paired_concs:
+                for cell in await paired_cells.run_paired(a, m, c, targets, engines):
+                    cell["repeat"] = rep
+                    paired.append(cell)
+                    lat = cell["latency_ms"]
+                    print(f"[{rep}] {cell['target']:>14} {m:>6} c={c:<3} paired      p50 {_f(lat['p50'], 3)}"
+                          f"  p99 {_f(lat['p99'], 3)}  p99.9 {_f(lat['p999'], 3)} ms  errors {cell['errors']}",
+                          file=sys.stderr)
     summary = aggregate(cells, list(targets), a.mode_list, a.concs)
     comparison = compare(cells, summary, a.mode_list, a.concs)
     return {
@@ -356,7 +380,9 @@ async def bench(a, logdir: Path, procs: list[Proc]) -> dict:
         "cells": cells,
         "summary": summary,
         "comparison": comparison,
-        "goals": overhead_targets.targets(cells, list(a.routers), a.concs),
+        "paired_cells": paired,
+        "paired_comparison": paired_cells.compare(paired),
+        "goals": overhead_targets.targets(cells, list(a.routers), a.concs, paired=paired),
     }
 
 
@@ -397,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(logdir, ignore_errors=True)
 
     summary, comparison = result["summary"], result["comparison"]
-    print(table(summary, comparison) + "\n\n" + headline_table(comparison, a.concs))
+    print(table(summary, comparison) + "\n\n" + headline_table(comparison, a.concs)
+          + "\n\n" + paired_table(result["paired_comparison"]))
     for name, info in result["meta"]["peers"].items():
         if info["ld_preload"]:
             print(f"{name}: policy {info['policy']}, LD_PRELOAD={info['ld_preload']} (loadtest/nodelay_shim.c)")
@@ -413,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.markdown:
         a.markdown.parent.mkdir(parents=True, exist_ok=True)
         a.markdown.write_text(table(summary, comparison, markdown=True) + "\n\n"
-                              + headline_table(comparison, a.concs, markdown=True) + "\n")
+                              + headline_table(comparison, a.concs, markdown=True) + "\n\n"
+                              + paired_table(result["paired_comparison"], markdown=True) + "\n")
     return 0
 
 

@@ -67,6 +67,7 @@ class Sample:
     events: int  # SSE `data:` events in the reply (content chunks + role + [DONE])
     status: int
     error: str | None = None
+    target: int = 0  # index of the url it went to (LoadGen's urls)
 
 
 @dataclass
@@ -408,7 +409,10 @@ class LoadGen:
                 i = next(tickets)
                 if i >= limit or perf_counter() >= deadline:
                     return
-                samples.append(await client.one(state, i % n_targets))
+                idx = i % n_targets
+                s = await client.one(state, idx)
+                s.target = idx
+                samples.append(s)
 
         cpu0 = time.process_time()
         await asyncio.gather(*(worker(s) for s in self._states))

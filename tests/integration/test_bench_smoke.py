@@ -149,8 +149,18 @@ def test_bench_overhead_smoke(tmp_path: Path) -> None:
     # no peer ran: every target check is undecided (None), never a silent pass
     assert r["goals"]["all_runs"]["router"] and set(r["goals"]["all_runs"]["router"].values()) == {None}
     assert r["meta"]["router_process_tree_size"] >= 2  # supervisor + at least one worker
+    # c=1 also ran paired: direct and router requests alternating in one window
+    paired = {(c["target"], c["mode"], c["concurrency"]): c for c in r["paired_cells"]}
+    assert set(paired) == {(t, m, 1) for t in ("direct", "router") for m in ("stream", "plain")}
+    for key, c in paired.items():
+        assert (c["requests"], c["ok"], c["errors"]) == (n, n, 0), (key, c["error_kinds"])
+        assert 0 < c["latency_ms"]["p50"] <= c["latency_ms"]["p99"]
+    assert paired[("router", "stream", 1)]["events_per_reply"] == cells[("direct", "stream", 1)]["events_per_reply"]
+    row = r["paired_comparison"]["router"]["stream"]["1"]
+    assert len(row["added_p99_ms_runs"]) == 1 and row["added_p50_ms"] is not None
     text = md.read_text()
     assert "| router | stream |" in text and "added p99 c=4 plain" in text
+    assert "| router (paired) |" in text and "| router | stream | 1 |" in text
 
 
 _ACCEPT_AND_REPORT = """

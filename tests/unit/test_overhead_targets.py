@@ -54,3 +54,17 @@ def test_a_peer_that_adds_nothing_measurable_is_matched_only_by_adding_nothing()
         if c["target"] == VLLM and c["concurrency"] == 1:
             c["latency_ms"]["p99"] = 9.0  # below the direct cell: -1 ms
     assert targets(cells, ["ours"], [1, 16])["per_run"][0]["ours"]["issue8_added_p99_lo_stream_le_2x_vllm"] is False
+
+
+def test_paired_cells_decide_the_low_concurrency_latency_checks() -> None:
+    cells = run_cells(0, 29.0, 0.5, 1000)  # sequential cells: ours adds 5 at c=1, vllm 3 (holds)
+    paired = [cell(0, "direct", "stream", 1, 1.0, 10.0), cell(0, VLLM, "stream", 1, 1.2, 11.0),
+              cell(0, SGLANG, "stream", 1, 1.1, 12.0), cell(0, "ours", "stream", 1, 1.4, 14.0)]
+    checks = targets(cells, ["ours"], [1, 16], paired=paired)["per_run"][0]["ours"]
+    assert checks["issue8_added_p99_lo_stream_le_2x_vllm"] is False  # paired: 4 > 2 x 1
+    assert checks["issue14_added_p50_lo_stream_le_sglang"] is False  # paired: 0.4 > 0.1
+    assert checks["issue8_added_p99_hi_stream_le_2x_sglang"] is True  # c=16 stays sequential
+    # without a paired cell for this run, the sequential cells decide
+    other_run = [dict(c, repeat=1) for c in paired]
+    checks = targets(cells, ["ours"], [1, 16], paired=other_run)["per_run"][0]["ours"]
+    assert checks["issue8_added_p99_lo_stream_le_2x_vllm"] is True
