@@ -15,6 +15,7 @@
 //! which hands over what it has buffered, and polls the sockets once) and then writes
 //! everything held in one go. No timer and no waiting for the engine: only bytes already
 //! in the process are merged (at most COALESCE_MAX per write).
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
