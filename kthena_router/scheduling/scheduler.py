@@ -140,7 +140,10 @@ class Scheduler:
     def prepare_needed(self, info: RequestInfo) -> bool:
         """Whether prepare() has work (else a caller may skip awaiting it: no task per request)."""
         m = self.kv_matcher
-        return m is not None and (self.kv_aware or m.sourced)
+        if m is None or not (self.kv_aware or m.sourced):
+            return False
+        needed = getattr(m, "prepare_needed", None)  # a matcher without it: always await
+        return needed is None or bool(needed(info))
 
     def set_kv_matcher(self, matcher: KvAwareMatcher | None) -> None:
         """kvcache-aware's matcher; or, under prefix-cache, the automatic one
