@@ -148,6 +148,9 @@ class RouterMetrics:
             ["endpoint"], registry=reg)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._families: dict[int, tuple[Any, int]] = {}  # id -> (family, index of its endpoint label or -1)
+        # the scheduler's per-request writes go here when set (front/batch.py MetricBatch:
+        # merged, written once per loop iteration); else at once
+        self.deferred: Any = None
 
     # --- cached children --------------------------------------------------------------
 
@@ -199,13 +202,25 @@ class RouterMetrics:
         self._child(self.endpoint_healthy, (server, endpoint)).set(1 if healthy else 0)
 
     def observe_plugin(self, model: str, plugin: str, kind: str, seconds: float) -> None:
-        self._child(self.plugin_duration, (model, plugin, kind)).observe(seconds)
+        child = self._child(self.plugin_duration, (model, plugin, kind))
+        if self.deferred is not None:
+            self.deferred.observe(child, seconds)
+        else:
+            child.observe(seconds)
 
     def observe_prefix_ratio(self, model: str, ratio: float) -> None:
-        self._child(self.prefix_match_ratio, (model,)).observe(ratio)
+        child = self._child(self.prefix_match_ratio, (model,))
+        if self.deferred is not None:
+            self.deferred.observe(child, ratio)
+        else:
+            child.observe(ratio)
 
     def decision(self, server: str, endpoint: str) -> None:
-        self._child(self.decisions, (server, endpoint)).inc()
+        child = self._child(self.decisions, (server, endpoint))
+        if self.deferred is not None:
+            self.deferred.add(child, 1)
+        else:
+            child.inc()
 
     def kv_fallback_used(self, model: str, reason: str) -> None:
         self._child(self.kv_fallback, (model, reason)).inc()

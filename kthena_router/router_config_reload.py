@@ -104,6 +104,9 @@ class SwitchingBalancer:
     async def prepare(self, info: Any) -> None:
         await self.inner.prepare(info)
 
+    def prepare_needed(self, info: Any) -> bool:
+        return self.inner.prepare_needed(info)
+
     def candidates(self, key: Any, endpoints: Any, info: Any = None) -> list[Any]:
         return self.inner.candidates(key, endpoints, info)
 

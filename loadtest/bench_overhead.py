@@ -269,6 +269,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="one of our routers with extra CLI arguments, e.g. "
                         "'prefix=--router-config configs/scheduling/prefix-cache.yaml' (repeatable; "
                         "default: one named 'router' with --router-args)")
+    p.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                   help="run router NAME from another source tree (e.g. `git archive` of an older commit; "
+                        "run from a directory without a kthena_router package)")
     p.add_argument("--router-args", default="", help="extra arguments of the default router")
     p.add_argument("--peer", choices=["none", "sglang", "vllm", "all"], default="none")
     p.add_argument("--peer-policy", default="round_robin", help="default policy of both peers")
@@ -308,6 +311,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"--router {spec!r}: want a unique NAME=ARGS (NAME not 'direct')")
         routers[name] = args
     a.routers = routers
+    a.trees = dict(t.split("=", 1) for t in a.tree)
     return a
 
 
@@ -316,7 +320,8 @@ async def bench(a, logdir: Path, procs: list[Proc]) -> dict:
     sim, ports, admin = start_simulator(a.engines, a.model, a.sim_args, logdir, procs, a.start_timeout)
     engines = Engines(admin)
     routers: dict[str, tuple[Proc, str]] = {
-        name: start_router(name, a.model, a.workers, args, logdir, ports, procs, a.start_timeout, dict(a.header))
+        name: start_router(name, a.model, a.workers, args, logdir, ports, procs, a.start_timeout, dict(a.header),
+                           tree=a.trees.get(name))
         for name, args in a.routers.items()
     }
     skipped, peers = {}, {}

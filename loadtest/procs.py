@@ -259,8 +259,10 @@ spec:
 
 def start_router(name: str, model: str, workers: int, router_args: str, logdir: Path,
                  engine_ports: list[int], procs: list[Proc], timeout_s: float,
-                 headers: dict[str, str] | None = None) -> tuple[Proc, str]:
-    """Our router (`python -m kthena_router.cli`) with extra CLI arguments."""
+                 headers: dict[str, str] | None = None, tree: str | None = None) -> tuple[Proc, str]:
+    """Our router (`python -m kthena_router.cli`) with extra CLI arguments; `tree`: run
+    the code of another source tree (its directory goes first on PYTHONPATH; run from a
+    directory without a kthena_router package, or the current one wins)."""
     port, admin = free_ports(2)
     cfg = logdir / f"{name}.yaml"
     cfg.write_text(router_config(model, engine_ports))
@@ -269,7 +271,7 @@ def start_router(name: str, model: str, workers: int, router_args: str, logdir: 
         "--port", str(port), "--admin-host", HOST, "--admin-port", str(admin),
         "--workers", str(workers), "--log-level", "warning", *shlex.split(router_args),
     ]
-    p = Proc(name, cmd, logdir)
+    p = Proc(name, cmd, logdir, env={"PYTHONPATH": tree} if tree else None)
     procs.append(p)
     url = f"http://{HOST}:{port}"
     wait_until(lambda: http("GET", f"http://{HOST}:{admin}/readyz")[0] == 200, p, timeout_s, "/readyz 200")

@@ -52,7 +52,7 @@ def _children(pid: int) -> list[int]:
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
-    """Thread name -> CPU seconds (threads of one name summed)."""
+    """Thread name -> CPU seconds (threads of one name summed); "NAME:sys" its kernel share."""
     out: dict[str, float] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -64,6 +64,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
         name = "main(loop)" if tid == str(pid) else name
         fields = raw[raw.rfind(b")") + 2:].split()
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / _CLK_TCK
+        out[name + ":sys"] = out.get(name + ":sys", 0.0) + int(fields[12]) / _CLK_TCK
     return out
 
 
@@ -116,9 +117,11 @@ async def measure(url: str, parent: int, a: argparse.Namespace, spy: str | None)
     n = max(1, len(res.samples))
     per = {k: 1000 * (t1[k] - t0.get(k, 0.0)) / n for k in t1}
     per = {k: v for k, v in per.items() if v >= 0.001}
+    sys_ = {k[:-4]: v for k, v in per.items() if k.endswith(":sys")}
+    per = {k: v for k, v in per.items() if not k.endswith(":sys")}
     per["parent"] = 1000 * (p1 - p0) / n
     cell = summarize(res)
-    return {"threads": per, "total": sum(per.values()), "rps": cell["rps"], "p50": cell["latency_ms"]["p50"],
+    return {"threads": per, "sys": sys_, "total": sum(per.values()), "rps": cell["rps"], "p50": cell["latency_ms"]["p50"],
             "p99": cell["latency_ms"]["p99"], "errors": cell["errors"]}
 
 
@@ -133,7 +136,8 @@ def start_tree_router(name: str, tree: str, args: str, logdir: Path, ports: list
             "from kthena_router.cli import main; sys.exit(main())")
     cmd = [sys.executable, "-c", boot, "--config", str(cfg), "--host", HOST, "--port", str(port), "--admin-host",
            HOST, "--admin-port", str(admin), "--workers", "1", "--log-level", "warning", *shlex.split(args)]
-    p = Proc(name, cmd, logdir)
+    # spawned workers do not inherit sys.path: PYTHONPATH makes them import the tree's code too
+    p = Proc(name, cmd, logdir, env={"PYTHONPATH": tree})
     procs.append(p)
     url = f"http://{HOST}:{port}"
     wait_until(lambda: http("GET", f"http://{HOST}:{admin}/readyz")[0] == 200, p, 60, "/readyz 200")
@@ -176,7 +180,8 @@ async def main_async(a: argparse.Namespace) -> None:
                   f"{statistics.median(r['rps'] for r in runs):.0f}; p50 {statistics.median(r['p50'] for r in runs):.2f} "
                   f"p99 {statistics.median(r['p99'] for r in runs):.2f} ms; errors {sum(r['errors'] for r in runs)}")
             for k, v in sorted(med.items(), key=lambda kv: -kv[1]):
-                print(f"    {k:<20} {v:.3f}")
+                sys_ = statistics.median(r["sys"].get(k, 0.0) for r in runs)
+                print(f"    {k:<20} {v:.3f}  (kernel {sys_:.3f})")
     finally:
         for p in reversed(procs):
             p.stop()

@@ -84,4 +84,4 @@ class RustFront:
             if ev[0] == 1:
                 fast.done(*ev[1:])
         fast.abandon_all()
-        fast.flush()
+        fast.close()

@@ -26,6 +26,7 @@ from kthena_router.access_log import AccessRecord
 from kthena_router.endpoints.health import Failure
 from kthena_router.endpoints.registry import EndpointState
 from kthena_router.errors import ERROR_TYPES, RequestError
+from kthena_router.front.batch import MetricBatch
 from kthena_router.identity.model import ANONYMOUS
 from kthena_router.proxy.body import needs_usage_injection, parse_body, rewrite
 from kthena_router.proxy.executor import with_fallbacks
@@ -99,23 +100,25 @@ class FastPath:
                             "or the slow path (the full app)", ["decision"], registry=self.metrics.registry)
         self.n_fast = decisions.labels("fast")
         self.n_slow = decisions.labels("slow")
-        # counter and gauge changes of one wake-up, written once each at its end (flush): a
-        # request ending in the same batch as the next one starts costs no gauge write
-        self.deltas: dict[Any, float] = {}
+        # counter, gauge and histogram writes merged per loop iteration (front/batch.py): a
+        # request ending in the same batch as the next one starts costs no gauge write; the
+        # scheduler's per-request writes join them
+        self.batch = MetricBatch()
+        self.metrics.deferred = self.batch
         self.tasks: set[asyncio.Task[None]] = set()  # decisions awaiting the scheduler's prepare()
 
     def _add(self, child: Any, value: float) -> None:
-        deltas = self.deltas
-        deltas[child] = deltas.get(child, 0.0) + value
+        self.batch.add(child, value)
 
     def flush(self) -> None:
-        """Writes the batched counter and gauge changes (prometheus multiprocess files)."""
-        deltas = self.deltas
-        if deltas:
-            for child, value in deltas.items():
-                if value:
-                    child.inc(value)
-            deltas.clear()
+        """Writes the batched metric changes now (prometheus multiprocess files)."""
+        self.batch.flush()
+
+    def close(self) -> None:
+        """The front is gone: writes go straight to prometheus again."""
+        self.batch.flush()
+        if self.metrics.deferred is self.batch:
+            self.metrics.deferred = None
 
     # --- decision -----------------------------------------------------------------------
 
@@ -151,6 +154,11 @@ class FastPath:
         if self.balancer.needs_request_info:
             info = RequestInfo(hdrs.request_id, path, body.obj, server.model or match.upstream_model,
                                body.model if match.is_lora else "", body.model)
+            needed = getattr(self.balancer, "prepare_needed", None)
+            if needed is not None and not needed(info):
+                # nothing to await (no KV-event matcher in play): decide now, no task
+                self._plan(rid, path, query, hdrs, api.label, body, match, state, targets, info)
+                return
             task = asyncio.get_running_loop().create_task(
                 self._prepared(rid, path, query, hdrs, api.label, body, match, state, targets, info))
             self.tasks.add(task)
@@ -185,8 +193,6 @@ class FastPath:
         except Exception:
             log.exception("fast-path decision failed; slow path")
             self._slow(rid)
-        finally:
-            self.flush()  # not in a wake-up's batch
 
     def _plan(self, rid: int, path: str, query: bytes, hdrs: RequestHeaders, label: str, body: Any,
               match: RouteMatch, state: RouterState, targets: tuple[EndpointState, ...],
@@ -311,21 +317,29 @@ class FastPath:
         if error_type is None:
             error_type = ERROR_TYPES.get(status, "error")
         model, path_label = live.model, live.path_label
-        code = str(status)  # metrics.observe_request, its counter batched
-        self._add(metrics._child(metrics.requests, (model, path_label, code, error_type, live.route_label,
-                                                    live.server_label, endpoint)), 1)
-        metrics._child(metrics.duration, (model, path_label, code)).observe(duration)
+        # metrics.observe_request/_ttft/_tokens/_tpot and observe_endpoint_tokens, batched
+        code = str(status)
+        batch = self.batch
+        child = metrics._child
+        batch.add(child(metrics.requests, (model, path_label, code, error_type, live.route_label,
+                                           live.server_label, endpoint)), 1)
+        batch.observe(child(metrics.duration, (model, path_label, code)), duration)
         if ttft >= 0:
-            metrics.observe_ttft(model, path_label, ttft)
+            batch.observe(child(metrics.ttft, (model, path_label)), ttft)
         p = prompt if prompt >= 0 else None
         c = completion if completion >= 0 else None
         if p is not None or c is not None:
-            metrics.observe_tokens(model, path_label, p, c)
-            metrics.observe_endpoint_tokens(live.server_label, endpoint, "", p, c)
+            signal = metrics._signal_families()[0]
+            if p:
+                batch.add(child(metrics.tokens, (model, path_label, "input")), p)
+                batch.add(child(signal, (live.server_label, endpoint, "input")), p)
+            if c:
+                batch.add(child(metrics.tokens, (model, path_label, "output")), c)
+                batch.add(child(signal, (live.server_label, endpoint, "output")), c)
             if live.info is not None and p:
                 balancer.observe_prompt_tokens(live.info, p)
         if tpot >= 0:
-            metrics.observe_tpot(model, path_label, tpot)
+            batch.observe(child(metrics.tpot, (model, path_label)), tpot)
         if fw.access_log is not None:
             fw.access_log.write(AccessRecord(
                 live.request_id, "POST", path_label, stream=live.stream, route=live.route_label,

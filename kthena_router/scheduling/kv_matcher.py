@@ -176,9 +176,13 @@ class KvAwareMatcher:
         """Tokenize a long prompt on a thread (HF tokenizers and jinja release or share the
         GIL well enough), so that a cold 100k-token prompt does not stall the worker's loop;
         short prompts are cheaper inline than a thread hop."""
-        if info.prompt_chars() >= OFFLOAD_CHARS:
+        if self.prepare_needed(info):
             info.tokens = await asyncio.to_thread(self._tokens, info)
             info.tokens_ready = True
+
+    def prepare_needed(self, info: RequestInfo) -> bool:
+        """Whether prepare() has work (a caller may skip awaiting it otherwise)."""
+        return info.prompt_chars() >= OFFLOAD_CHARS
 
     def match(self, info: RequestInfo, approx: list[tuple[int, int]] | None,
               approx_total: int) -> tuple[list[tuple[int, int]], int] | None:

@@ -134,9 +134,16 @@ class Scheduler:
     # --- configuration / endpoint set ----------------------------------------------------
     async def prepare(self, info: RequestInfo) -> None:
         """Work that may block (tokenizing a long prompt) done before candidates(), off the loop."""
+        if self.prepare_needed(info):
+            await self.kv_matcher.prepare(info)  # type: ignore[union-attr]
+
+    def prepare_needed(self, info: RequestInfo) -> bool:
+        """Whether prepare() has work (else a caller may skip awaiting it: no task per request)."""
         m = self.kv_matcher
-        if m is not None and (self.kv_aware or m.sourced):
-            await m.prepare(info)
+        if m is None or not (self.kv_aware or m.sourced):
+            return False
+        needed = getattr(m, "prepare_needed", None)  # a matcher without it: always await
+        return needed is None or bool(needed(info))
 
     def set_kv_matcher(self, matcher: KvAwareMatcher | None) -> None:
         """kvcache-aware's matcher; or, under prefix-cache, the automatic one

@@ -58,7 +58,9 @@ def config_docs(ports: list[int], kv_base: int) -> list[dict[str, Any]]:
 
 
 def messages(tag: str, g: int) -> list[dict[str, str]]:
-    system = f"You are the assistant of team {tag}-{g}. " + "Answer briefly and cite the house rules. " * 40
+    # tags starting with "L": prompts over kv_matcher.OFFLOAD_CHARS (tokenized in prepare())
+    rules = "Answer briefly and cite the house rules. " * (220 if tag.startswith("L") else 40)
+    system = f"You are the assistant of team {tag}-{g}. " + rules
     return [{"role": "system", "content": system}, {"role": "user", "content": "what now?"}]
 
 
@@ -91,6 +93,9 @@ def metric(router: harness.Router, name: str, **labels: str) -> float:
     return harness.metric_value(harness.parse_metrics(router.metrics_text()), name, **labels)
 
 
+CONFIGS: dict[str, Path] = {}  # the setup's files, for the rust_auto router
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[harness.Simulator, harness.Router,
                                                                       harness.Router, list[str]]]:
@@ -101,6 +106,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[harness.Si
     try:
         config = harness.write_config(tmp / "routes.yaml", config_docs(sim.ports, kv_base))
         auto = harness.write_config(tmp / "auto.yaml", BEST.format(tok=TOKENIZER, extra=""))
+        CONFIGS.update(routes=config, auto=auto, work=tmp)
         off = harness.write_config(tmp / "off.yaml", BEST.format(tok=TOKENIZER, extra="kvEvents: {exactMatching: off}\n"))
         routers.append(harness.start_router(config, tmp, extra_args=["--router-config", str(auto)]))
         routers.append(harness.start_router(config, tmp, extra_args=["--router-config", str(off)]))
@@ -177,6 +183,39 @@ def test_endpoint_without_a_stream_keeps_approximate_affinity(setup: Any) -> Non
     for g in range(8):
         post(auto.base_url, "r", g, f"r2-{g}")
     assert [served_by(sim, f"r2-{g}") for g in range(8)] == chosen
+
+
+@pytest.fixture(scope="module")
+def rust_auto(setup: Any) -> Iterator[harness.Router]:
+    """The `auto` pipeline behind the Rust front end (docs/rust-front.md), started only
+    for the test that uses it."""
+    router = harness.start_router(CONFIGS["routes"], CONFIGS["work"],
+                                  extra_args=["--router-config", str(CONFIGS["auto"]), "--interface", "rust"])
+    try:
+        yield router
+    finally:
+        router.stop()
+
+
+def test_rust_front_awaits_prepare_and_routes_exactly(setup: Any, rust_auto: harness.Router) -> None:
+    """With a KV-event matcher in play the scheduler's prepare() has work: the Rust front's
+    decision awaits it (a task; without a matcher, or for a prompt short enough to tokenize
+    inline, it decides at once) and still takes the fast path, routing each group to the
+    engine that holds its prefix. Long prompts ("L" tags) and short ones."""
+    sim, _, _, keys = setup
+    router = rust_auto
+    harness.wait_until(lambda: {k: e["state"] for k, e in ownership(router).items()}
+                       == {keys[i]: "up" for i in LABELLED}, 60, interval=0.2, what="labelled streams up")
+    want = [LABELLED[g % len(LABELLED)] for g in range(GROUPS)]
+    for tag in ("Lz", "z"):  # tags no other test uses
+        warm_directly(sim, router, tag, keys)
+        wait_engines_fresh(router, keys)
+        fast = metric(router, "kthena_router_front_decisions_total", decision="fast")
+        for g in range(GROUPS):
+            post(router.base_url, tag, g, f"rust-{tag}{g}")
+        got = [served_by(sim, f"rust-{tag}{g}") for g in range(GROUPS)]
+        assert got == want, (tag, got, engine_view(router, keys), ownership(router))
+        assert metric(router, "kthena_router_front_decisions_total", decision="fast") >= fast + GROUPS, tag
 
 
 def test_stopped_stream_falls_back_to_the_approximate_index(setup: Any) -> None:

@@ -219,8 +219,10 @@ def test_access_log(setup: tuple[harness.Router, Path], simulator: harness.Simul
 def test_completions_take_the_rust_fast_path_only_there(setup: tuple[harness.Router, Path],
                                                         simulator: harness.Simulator,
                                                         request: pytest.FixtureRequest) -> None:
-    """With a scheduler that prepares (awaits) its pick, `rust` still relays completions
-    itself (docs/rust-front.md); the granian interfaces have no front end."""
+    """With a scheduler configuration (it needs the request's info; its prepare() has
+    nothing to await here, so the decision is made at once: test_kv_exact_default.py
+    covers the awaited one), `rust` still relays completions itself
+    (docs/rust-front.md); the granian interfaces have no front end."""
     router, _ = setup
     resp = httpx.post(f"{router.openai_url}/chat/completions", json=_chat(False), timeout=30)
     assert resp.status_code == 200, resp.text

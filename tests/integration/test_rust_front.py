@@ -77,6 +77,46 @@ def test_openai_sdk_stream_and_plain_take_the_fast_path(setup: tuple[harness.Rou
     assert harness.metric_value(fams, "kthena_router_time_to_first_token_seconds_count") >= 5
 
 
+def test_batched_metric_writes_count_every_request_exactly(setup: tuple[harness.Router, int],
+                                                          simulator: harness.Simulator) -> None:
+    """The fast path's metric writes are merged per loop iteration (front/batch.py):
+    concurrent streams still add exactly one request, duration, TTFT and TPOT observation
+    and their tokens each, under the same names and labels."""
+    router, _ = setup
+    chat = {"path": "/v1/chat/completions"}
+    names = [("kthena_router_requests_total", {**chat, "status_code": "200", "model_route": "default/demo"}),
+             ("kthena_router_request_duration_seconds_count", {**chat, "status_code": "200"}),
+             ("kthena_router_request_duration_seconds_bucket", {**chat, "status_code": "200", "le": "+Inf"}),
+             ("kthena_router_time_to_first_token_seconds_count", chat),
+             ("kthena_router_time_per_output_token_seconds_count", chat),
+             ("kthena_router_tokens_total", {**chat, "token_type": "output"}),
+             ("kthena_router_endpoint_tokens_total", {"token_type": "output"})]
+
+    def values() -> list[float]:
+        fams = _metrics(router)
+        return [harness.metric_value(fams, n, **labels) for n, labels in names]
+
+    before = values()
+    fast_before = _fast(router)
+    threads, per_thread, tokens = 4, 4, 5
+    client = router.openai()
+
+    def run(_: int) -> None:
+        for _ in range(per_thread):
+            chunks = list(client.chat.completions.create(model="demo", messages=MSGS, max_tokens=tokens, stream=True))
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(run, range(threads)))
+    n = threads * per_thread
+    after = harness.wait_until(lambda: (v := values())[0] >= before[0] + n and v, 10,
+                               what=f"{n} fast-path requests counted (before {before})")
+    assert _fast(router) >= fast_before + n
+    delta = [a - b for a, b in zip(after, before)]
+    assert delta == [n, n, n, n, n, n * tokens, n * tokens], dict(zip([x for x, _ in names], delta))
+
+
 def test_retry_before_the_first_byte(setup: tuple[harness.Router, int], simulator: harness.Simulator) -> None:
     router, _ = setup
     # engine 1 accepts and drops every request before its first byte (its /health stays

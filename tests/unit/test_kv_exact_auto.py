@@ -132,6 +132,26 @@ def test_scheduler_consults_the_auto_matcher_only_for_views_with_a_stream() -> N
     assert stub.calls == 5
 
 
+def test_prepare_is_needed_only_with_a_matcher_in_play_and_a_long_prompt() -> None:
+    """The Rust front decides without a task when prepare() has nothing to await."""
+    from kthena_router.scheduling.kv_matcher import OFFLOAD_CHARS
+
+    s = Scheduler(load(BEST).scheduler, RouterMetrics(CollectorRegistry()))
+    eps = endpoints(3)
+    fresh(s, eps)
+    assert not s.prepare_needed(chat("n", "q"))  # no matcher
+    stub = Stub(s, eps)
+    s.set_kv_matcher(stub)  # type: ignore[arg-type]
+    assert not s.prepare_needed(chat("s", "q"))  # nothing publishes: the matcher is not consulted
+    stub.sourced = frozenset({stub.target})
+    assert s.prepare_needed(chat("t", "q"))  # a matcher without prepare_needed: always awaited
+    m = KvAwareMatcher(KvCacheAwareArgs(), RouterMetrics(CollectorRegistry()), auto=True)
+    m.sourced = frozenset({stub.target})  # type: ignore[misc]
+    s.set_kv_matcher(m)
+    assert not s.prepare_needed(chat("u", "q"))  # a short prompt: tokenized inline by match()
+    assert s.prepare_needed(chat("v", "x" * OFFLOAD_CHARS))
+
+
 def test_matcher_keeps_the_approximate_match_of_endpoints_without_an_up_stream() -> None:
     m = KvAwareMatcher(KvCacheAwareArgs(), RouterMetrics(CollectorRegistry()), auto=True)
     m._up = {1}  # endpoint 1's stream is up; 2 has none, 3 is not subscribed at all
