@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from kthena_router._core import KvOwnership
@@ -35,11 +35,12 @@ from kthena_router.kv_events import EventSource, KvEventSubscribers, StreamState
 from kthena_router.metrics import RouterMetrics
 
 from .chat_template import ChatTemplate, load_chat_template
-from .config import KvCacheAwareArgs
+from .config import KvCacheAwareArgs, SchedulerSettings
+from .exact_auto import KvEventsSettings, auto_exact_args
 from .request import CHAT_PATH, PROMPT_PATHS, RequestInfo
 from .tokenizer_cache import CachedTokenizer, TokenizerRegistry, TokenizerUnavailable, engine_adds_special_tokens
 
-__all__ = ["KvAwareMatcher", "LABEL_PORT", "LABEL_REPLAY_PORT", "event_source"]
+__all__ = ["KvAwareMatcher", "LABEL_PORT", "LABEL_REPLAY_PORT", "event_source", "event_sources", "matcher_for"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,21 @@ def event_source(ip: str, labels: Mapping[str, str], args: KvCacheAwareArgs,
         return None
     host = f"[{ip}]" if ":" in ip else ip
     return EventSource(f"tcp://{host}:{port}", None if replay is None else f"tcp://{host}:{replay}")
+
+
+def event_sources(endpoints: Iterable[tuple[str, str, Mapping[str, str]]], endpoint_id: Callable[[str], int | None],
+                  args: KvCacheAwareArgs, labelled_only: bool = False) -> dict[str, tuple[int, EventSource]]:
+    """KvAwareMatcher.set_endpoints' argument from (endpoint key, ip, labels) triples: each
+    endpoint the scheduler knows (`endpoint_id`) with a usable source, first occurrence wins."""
+    out: dict[str, tuple[int, EventSource]] = {}
+    for key, ip, labels in endpoints:
+        if key in out:
+            continue
+        ep_id = endpoint_id(key)
+        src = event_source(ip, labels, args, labelled_only) if ep_id is not None else None
+        if src is not None:
+            out[key] = (ep_id, src)  # type: ignore[assignment]  # ep_id checked above
+    return out
 
 
 class _Sink:
@@ -268,3 +284,16 @@ class KvAwareMatcher:
             }
         return {"endpoints": out, "entries": len(self.table), "overflow_drops": self.table.overflow_drops,
                 "unknown_removals": self.table.unknown_removals}
+
+
+def matcher_for(sc: SchedulerSettings, metrics: RouterMetrics, kv_events: KvEventsSettings) -> KvAwareMatcher | None:
+    """The matcher a pipeline gets (the scheduler section's, or a PD side's: pd/side_kv.py):
+    kvcache-aware listed, over every endpoint; automatic (prefix-cache, exact_auto.py),
+    over the labelled ones; else None."""
+    kv_args = sc.args.get("kvcache-aware")
+    if sc.enabled("kvcache-aware") and isinstance(kv_args, KvCacheAwareArgs):
+        return KvAwareMatcher(kv_args, metrics)
+    auto_args = auto_exact_args(sc, kv_events)
+    if auto_args is not None:  # prefix-cache + KV events where endpoints advertise them
+        return KvAwareMatcher(auto_args, metrics, auto=True)
+    return None
