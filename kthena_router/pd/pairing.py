@@ -55,8 +55,8 @@ from kthena_router.scheduling.index_sizing import IndexSizer
 from kthena_router.scheduling.insert_scopes import PD_DECODE, PD_PREFILL, Listener, scoped
 from kthena_router.scheduling.scheduler import Scheduler
 
-from .config import DEFAULT_PD, PdServerSettings, PdSettings
 from . import side_kv
+from .config import DEFAULT_PD, PdServerSettings, PdSettings
 from .config_parse import side_settings
 from .pairing_metrics import PdPairingMetrics
 from .topology import PdTopology
@@ -204,8 +204,7 @@ class PdPairer:
 
     async def close(self) -> None:
         """Lifespan end: close the side matchers' KV-event subscriptions."""
-        for task in list(self._tasks):
-            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # retired matchers closing
         for b in (self.decode, self.prefill):
             m = b.inner.kv_matcher
             if m is not None:
