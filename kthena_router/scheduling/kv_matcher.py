@@ -25,12 +25,12 @@ ranks on separate ports); vLLM's default pickle-based hash is not reproduced.
 from __future__ import annotations
 
 import asyncio
-
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from kthena_router._core import KvOwnership
+from kthena_router._core import BlockHashes, KvOwnership, PrefixIndex
 from kthena_router.kv_events import EventSource, KvEventSubscribers, StreamState, StreamStatus
 from kthena_router.metrics import RouterMetrics
 
@@ -53,6 +53,15 @@ SCHEME = "vllm-sha256-cbor"
 # Entries per endpoint before the table drops the oldest (only reached if removals are
 # missed; memory is per entry, not per capacity).
 DEFAULT_CAPACITY = 1 << 21
+# In-flight blindness: a prompt dispatched to an endpoint whose stream is up reaches that
+# engine's events only once the engine has prefilled it (its queue wait, then the prefill;
+# seconds under load). Until then the exact match does not see it, and a burst of one
+# prefix would spread over the engines, each looking empty. So dispatches to up endpoints
+# are remembered (approximate byte blocks, as the prefix index hashes them) for RECENT_S to
+# 2 x RECENT_S seconds (two generations) and an up endpoint's match is the larger of its
+# exact match and that recent one. Measured on a mixed fleet: docs/kv-exact-default.md.
+RECENT_S = 4.0
+RECENT_CAPACITY = 1 << 16  # entries per endpoint and generation
 
 
 def hash_memo_blocks(args: KvCacheAwareArgs) -> int:
@@ -141,6 +150,10 @@ class KvAwareMatcher:
         self.generation = 0  # bumped when `sourced` changes (the scheduler caches per view)
         self.subscribers = KvEventSubscribers(_Sink(self), on_status=self._on_status,
                                               options=dict(subscriber_options or {}))
+        self.recent_s = RECENT_S  # 0: no recent-dispatch overlay (exact matches only)
+        self._recent = (PrefixIndex(RECENT_CAPACITY), PrefixIndex(RECENT_CAPACITY))
+        self._recent_used = False  # an entry may be in either generation
+        self._rotated = time.monotonic()
 
     # --- endpoints and streams (event loop, rare) ------------------------------------------
     def set_endpoints(self, endpoints: Mapping[str, tuple[int, EventSource]]) -> None:
@@ -161,6 +174,33 @@ class KvAwareMatcher:
             self.sourced = sourced
             self.generation += 1
         self.subscribers.set_sources({k: src for k, (_, src) in endpoints.items()})
+
+    def dispatched(self, ep_id: int, hashes: BlockHashes) -> None:
+        """Scheduler.dispatched: the prompt (approximate hashes) went to `ep_id` now."""
+        if ep_id in self._up and self.recent_s > 0:
+            self._rotate()
+            self._recent[0].insert(ep_id, hashes)
+            self._recent_used = True
+
+    def _rotate(self) -> None:
+        now = time.monotonic()
+        age = now - self._rotated
+        if age < self.recent_s:
+            return
+        young = PrefixIndex(RECENT_CAPACITY)
+        # two periods idle: both generations are too old
+        self._recent = (young, self._recent[0] if age < 2 * self.recent_s else PrefixIndex(RECENT_CAPACITY))
+        self._rotated = now
+
+    def _recent_matches(self, hashes: BlockHashes) -> dict[int, int]:
+        """Up endpoints -> byte blocks of this prompt dispatched to them recently."""
+        self._rotate()
+        out: dict[int, int] = {}
+        for gen in self._recent:
+            for e, m in gen.match_hashes(hashes):
+                if m > out.get(e, 0):
+                    out[e] = m
+        return out
 
     def stream_changed(self, key: str, up: bool) -> None:
         i = self.ids.get(key)
@@ -210,6 +250,16 @@ class KvAwareMatcher:
             return None
         if self._down_ids:
             self.metrics.kv_fallback_used(info.model_label, "stream_down")
+        if self._recent_used and approx_total and n and info.hashes is not None:
+            recent = self._recent_matches(info.hashes)
+            if recent:  # dispatched here, not yet in the engine's events: the larger counts
+                up = self._up
+                best = dict(matches)
+                for e, m in recent.items():
+                    t = m * n // approx_total
+                    if e in up and t > best.get(e, 0):
+                        best[e] = t
+                matches = [(e, b) for e, b in best.items() if b]
         if approx and approx_total and n:
             # endpoints without an up stream (down, or none advertised): the approximate
             # byte-block fraction -> token blocks of this prompt

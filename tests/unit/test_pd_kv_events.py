@@ -10,15 +10,17 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from kthena_router._core import PrefixIndex
 from kthena_router.metrics import RouterMetrics
 from kthena_router.pd.config_parse import side_settings
 from kthena_router.pd.pairing import PdPairer
 from kthena_router.router_config_reload import _kv_sources, build_scheduling
-from kthena_router.scheduling.config import load_router_configuration_bytes
+from kthena_router.scheduling.config import KvCacheAwareArgs, load_router_configuration_bytes
 from kthena_router.scheduling.kv_matcher import KvAwareMatcher
 from kthena_router.settings import RouterSettings
 
 from pd_fixtures import ep, pd_state
+from test_scheduling_scheduler import chat
 
 TOK = "{demo: /nonexistent/tokenizer.json}"
 SCHED_TOK = f"""\
@@ -119,3 +121,20 @@ def test_a_reload_rebuilds_only_the_side_whose_exact_mode_changed() -> None:
     assert matcher(p, "prefill") is None
     back = p.build(load(SCHED_TOK).pd, "rc.yaml")
     assert back.decode is None and back.prefill is not None and back.prefill.kv_matcher is not None
+
+
+def test_a_recent_dispatch_counts_for_an_up_endpoint_until_its_events_arrive() -> None:
+    """kv_matcher.RECENT_S: a prompt just sent to an endpoint whose stream is up is not in
+    its events yet; the exact match must not call that endpoint empty meanwhile."""
+    m = KvAwareMatcher(KvCacheAwareArgs(), RouterMetrics(CollectorRegistry()), auto=True)
+    m._up = {1, 2}
+    hashes, _ = PrefixIndex(100).match_prompt(b"x" * 64 * 8, 64, 0, 100)  # 8 byte blocks
+    info = chat("r", "q")
+    info.tokens, info.tokens_ready, info.hashes = list(range(64)), True, hashes  # 4 token blocks
+    assert m.match(info, [], 8) == ([], 4)  # nothing dispatched, nothing published
+    m.dispatched(1, hashes)
+    m.dispatched(3, hashes)  # not an up endpoint: its approximate match is used anyway
+    assert m.match(info, [], 8) == ([(1, 4)], 4)
+    m.recent_s = 1e-9  # two periods later both generations are gone
+    m._rotated -= 1.0
+    assert m.match(info, [], 8) == ([], 4)
