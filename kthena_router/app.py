@@ -229,6 +229,7 @@ def create_app(settings: RouterSettings | None = None) -> RouterApp:
             scraper = (SharedScraper if settings.pod_state_socket else EngineStateScraper)(
                 pool.session, settings.scrape_interval_s)
             await reloader.start(scraper)
+            await pd_pairer.start()  # the PD sides' kvcache-aware tokenizers
             applier.on_swap = reloader.on_state
             fairness.follow(scraper, applier)
             tasks.append(loop.create_task(fairness.run()))
@@ -282,6 +283,7 @@ def create_app(settings: RouterSettings | None = None) -> RouterApp:
                 scraper.stop()
             if reloader is not None:
                 await reloader.close()
+            await pd_pairer.close()
             await identity.close()
             for task in tasks:
                 task.cancel()

@@ -35,8 +35,8 @@ from kthena_router.metrics import RouterMetrics
 from kthena_router.scheduling.check import check_scheduler
 from kthena_router.scheduling.config import KvCacheAwareArgs, RouterConfiguration, SchedulerSettings
 from kthena_router.scheduling.insert_scopes import InsertTargets
-from kthena_router.scheduling.exact_auto import DEFAULT_KV_EVENTS, KvEventsSettings, auto_exact_args
-from kthena_router.scheduling.kv_matcher import KvAwareMatcher, event_source
+from kthena_router.scheduling.exact_auto import DEFAULT_KV_EVENTS, KvEventsSettings
+from kthena_router.scheduling.kv_matcher import KvAwareMatcher, event_sources, matcher_for
 from kthena_router.scheduling.scheduler import Scheduler
 from kthena_router.settings import RouterSettings
 from kthena_router.shared_index.sync import SharedIndexMetrics, SharedIndexSync
@@ -72,16 +72,11 @@ def build_scheduling(sc: SchedulerSettings, source: str, settings: RouterSetting
     check_scheduler(sc, source)  # ConfigError naming the file rather than a bare ValueError
     scheduler = Scheduler(sc, metrics, hot_spot_abs=settings.hot_spot_abs, hot_spot_rel=settings.hot_spot_rel,
                           selector=selector)
-    matcher = None
-    kv_args = sc.args.get("kvcache-aware")
-    auto_args = auto_exact_args(sc, kv_events)
-    if scheduler.kv_aware and isinstance(kv_args, KvCacheAwareArgs):
-        matcher = KvAwareMatcher(kv_args, metrics)
-    elif auto_args is not None:  # prefix-cache + KV events where endpoints advertise them
-        matcher = KvAwareMatcher(auto_args, metrics, auto=True)
+    matcher = matcher_for(sc, metrics, kv_events)
     if matcher is not None:
         scheduler.set_kv_matcher(matcher)
     return Scheduling(scheduler, matcher)
+
 
 
 class SwitchingBalancer:
@@ -137,18 +132,19 @@ def _take(counts: dict[str, int], key: str) -> bool:
 
 
 def _kv_sources(state: RouterState, scheduler: Scheduler, args: KvCacheAwareArgs,
-               labelled_only: bool = False) -> dict[str, tuple[int, EventSource]]:
+                labelled_only: bool = False) -> dict[str, tuple[int, EventSource]]:
     """Endpoint key -> (scheduler id, KV-event source from the endpoint's labels); with
-    `labelled_only` (automatic exact matching) only endpoints that advertise a stream."""
-    out: dict[str, tuple[int, EventSource]] = {}
-    for key, eps in state.targets.items():
-        labels = {(e.address, e.port): e.labels for e in state.config.endpoints_of(state.config.servers[key])}
-        for ep in eps:
-            ep_id = scheduler.endpoint_id(ep.key)
-            src = event_source(ep.ip, labels.get((ep.host, ep.port), {}), args, labelled_only)
-            if ep_id is not None and src is not None and ep.key not in out:
-                out[ep.key] = (ep_id, src)
-    return out
+    `labelled_only` (automatic exact matching) only endpoints that advertise a stream.
+    PD ModelServers' endpoints are left to the PD sides' own matchers (pd/pairing.py):
+    this scheduler never routes them."""
+    def endpoints() -> Any:
+        for key, eps in state.targets.items():
+            if key in state.pd:
+                continue
+            labels = {(e.address, e.port): e.labels for e in state.config.endpoints_of(state.config.servers[key])}
+            for ep in eps:
+                yield ep.key, ep.ip, labels.get((ep.host, ep.port), {})
+    return event_sources(endpoints(), scheduler.endpoint_id, args, labelled_only)
 
 
 class RouterConfigReloader:

@@ -62,9 +62,11 @@ class WarmupGate:
         unscraped = [k for k in keys if scraper.get(k) is None]
         if unscraped:
             parts.append(f"first scrape of {_some(unscraped)}")
-        matcher = self.reloader.matcher
-        if matcher is not None:
-            down = matcher.streams_not_up()
+        matcher, pd = self.reloader.matcher, self.reloader.pd_pairer
+        down = matcher.streams_not_up() if matcher is not None else set()
+        if pd is not None:  # the PD sides' matchers (pd/side_kv.py)
+            down |= pd.kv_streams_not_up()
+        if down:
             waiting = [k for k in keys if k in down and (snap := scraper.get(k)) is not None
                        and snap.consecutive_failures == 0]
             if waiting:

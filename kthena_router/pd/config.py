@@ -4,6 +4,9 @@
 pd:
   decode:  {plugins: ..., pluginConfig: ...}    # Kthena's scheduler shape; the decode side
   prefill: {plugins: ..., pluginConfig: ...}    # the prefill side (prefix cache matters here)
+                               # kvcache-aware (listed, or automatic under prefix-cache with
+                               # kvEvents.exactMatching: auto) follows each side's own engines'
+                               # KV events; its args default to scheduler.pluginConfig's
   prefillTimeout: 60s          # the whole prefill hop (its reply; SGLang: its reply after the push)
   minUncachedTokens: 0         # conditional disaggregation; 0 = always two hops
   servers:                     # per ModelServer, keyed "namespace/name" or "name"
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kthena_router.config.model import DEFAULT_NAMESPACE
+from kthena_router.scheduling.exact_auto import DEFAULT_KV_EVENTS, KvEventsSettings
 
 if TYPE_CHECKING:  # scheduling.config imports this module
     from kthena_router.scheduling.config import SchedulerSettings
@@ -42,6 +46,9 @@ class PdSettings:
     prefill: SchedulerSettings | None = None
     defaults: PdServerSettings = PdServerSettings()
     servers: Mapping[str, PdServerSettings] = field(default_factory=dict)  # "namespace/name"
+    # the top-level kvEvents section (a side that scores prefix-cache gets exact matching
+    # under `auto`, as the scheduler section does; config_parse.with_kv_events)
+    kv_events: KvEventsSettings = DEFAULT_KV_EVENTS
 
     def for_server(self, namespace: str, name: str) -> PdServerSettings:
         s = self.servers.get(f"{namespace}/{name}")

@@ -4,11 +4,18 @@
 parsed by the `scheduler` section's own parser, so a mistake is named like
 `pd.prefill.plugins.Score.enabled[0].name`. A side without `plugins` gets its default
 pipeline (DECODE_DEFAULT / PREFILL_DEFAULT), not the `scheduler` section's.
+
+Exact KV-event matching (docs/kv-exact-default.md, "PD sides"): a side that lists
+`kvcache-aware`, or scores `prefix-cache` under `kvEvents.exactMatching: auto`, follows the
+KV events of its own engines (pd/pairing.py). Its kvcache-aware arguments (tokenizers,
+hashSeed, ...) are the side's own `pluginConfig` entry, else the `scheduler` section's, so
+tokenizers are configured once (with_kv_events, applied after the whole file is parsed).
 """
 
 from __future__ import annotations
 
 from functools import cache
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -16,9 +23,13 @@ from kthena_router.config.checks import check_duration, check_int, type_name
 from kthena_router.config.model import DEFAULT_NAMESPACE
 from kthena_router.scheduling import config as sc
 
+from kthena_router.scheduling.exact_auto import KvEventsSettings
+
 from .config import DEFAULT_PD, PdServerSettings, PdSettings
 
-__all__ = ["DECODE_DEFAULT", "PREFILL_DEFAULT", "parse_pd", "side_settings"]
+__all__ = ["DECODE_DEFAULT", "PREFILL_DEFAULT", "parse_pd", "side_settings", "with_kv_events"]
+
+KV_AWARE = "kvcache-aware"
 
 # (Filter.enabled, Score.enabled) of a side written without `plugins`. Decode: the engine
 # that holds the request for its whole generation should be the least loaded with the most
@@ -29,9 +40,6 @@ SIDES = {"decode": DECODE_DEFAULT, "prefill": PREFILL_DEFAULT}
 
 _TOP = ("decode", "prefill", "prefillTimeout", "minUncachedTokens", "servers")
 _SERVER = ("prefillTimeout", "minUncachedTokens")
-# Needs a KV-event subscription per endpoint (kv_matcher.py), wired for the `scheduler`
-# section only: refused here rather than silently scored as prefix-cache.
-_UNSUPPORTED = {"kvcache-aware": "not supported in the pd section yet (use prefix-cache)"}
 
 
 class _Collector(Protocol):
@@ -50,7 +58,6 @@ def parse_pd(c: _Collector, v: Any, path: str = "pd") -> PdSettings:
     for side, default in SIDES.items():
         p = f"{path}.{side}"
         sides[side] = sc._scheduler(c, m.get(side), p, default)  # type: ignore[arg-type]
-        _refuse_unsupported(c, m.get(side), p)
     defaults = _server(c, m, path, PdServerSettings(), only=_SERVER)
     servers: dict[str, PdServerSettings] = {}
     raw = m.get("servers")
@@ -94,20 +101,6 @@ def _server(c: _Collector, m: dict[str, Any], path: str, base: PdServerSettings,
     return PdServerSettings(timeout, tokens)
 
 
-def _refuse_unsupported(c: _Collector, raw: Any, path: str) -> None:
-    plugins = raw.get("plugins") if isinstance(raw, dict) else None
-    if not isinstance(plugins, dict):
-        return
-    for kind in ("Filter", "Score"):
-        section = plugins.get(kind)
-        enabled = section.get("enabled") if isinstance(section, dict) else None
-        for i, item in enumerate(enabled if isinstance(enabled, list) else ()):
-            name = item.get("name") if isinstance(item, dict) else item
-            p = f"{path}.plugins.{kind}.enabled[{i}]" + (".name" if isinstance(item, dict) else "")
-            if isinstance(name, str) and name in _UNSUPPORTED:
-                c.err(p, f"{name!r} is {_UNSUPPORTED[name]}")
-
-
 @cache
 def _default_side(side: str) -> sc.SchedulerSettings:
     got = sc._scheduler(_Strict(), None, f"pd.{side}", SIDES[side])  # type: ignore[arg-type]
@@ -127,3 +120,20 @@ def side_settings(pd: PdSettings, side: str) -> sc.SchedulerSettings:
     """The pipeline of `side` ("decode" | "prefill"), its default when unset (DEFAULT_PD)."""
     got = pd.decode if side == "decode" else pd.prefill
     return got if got is not None else _default_side(side)
+
+
+def with_kv_events(pd: PdSettings, scheduler: sc.SchedulerSettings | None, kv_events: KvEventsSettings) -> PdSettings:
+    """`pd` with the file's kvEvents section, and each side that has no `kvcache-aware`
+    pluginConfig entry of its own given the `scheduler` section's (when that has one):
+    the matcher of a side (listed or automatic) then uses the same tokenizers and hash
+    seed. A side without `plugins` is materialized from its default for that."""
+    own = scheduler.args.get(KV_AWARE) if scheduler is not None and KV_AWARE in scheduler.raw_args else None
+    sides: dict[str, sc.SchedulerSettings | None] = {"decode": pd.decode, "prefill": pd.prefill}
+    if own is not None:
+        for side in sides:
+            got = side_settings(pd, side)
+            if KV_AWARE not in got.raw_args and got.args.get(KV_AWARE) != own:
+                sides[side] = replace(got, args=MappingProxyType({**got.args, KV_AWARE: own}))
+    if sides == {"decode": pd.decode, "prefill": pd.prefill} and kv_events == pd.kv_events:
+        return pd  # nothing to add (an absent section stays DEFAULT_PD)
+    return replace(pd, decode=sides["decode"], prefill=sides["prefill"], kv_events=kv_events)

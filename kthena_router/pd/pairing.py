@@ -25,12 +25,17 @@ prompt (a trailing partial block is never hashed); uncached bytes = prompt bytes
 blocks x block size, converted to tokens with the bytes per token learned from the
 engines' usage.prompt_tokens (scheduling/index_sizing.py; 4 before any report).
 
+Exact KV events (pd/side_kv.py): a side that lists kvcache-aware, or scores prefix-cache
+under `kvEvents.exactMatching: auto` with tokenizers, follows its own engines' KV-event
+streams and matches exactly where a stream is up (the side's approximate index elsewhere).
+
 Reloads: each side's Scheduler sits behind a SwitchingBalancer, so attempts dispatched
 before a new pipeline was installed finish without touching the new one's counts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Hashable, Sequence
@@ -50,6 +55,7 @@ from kthena_router.scheduling.index_sizing import IndexSizer
 from kthena_router.scheduling.insert_scopes import PD_DECODE, PD_PREFILL, Listener, scoped
 from kthena_router.scheduling.scheduler import Scheduler
 
+from . import side_kv
 from .config import DEFAULT_PD, PdServerSettings, PdSettings
 from .config_parse import side_settings
 from .pairing_metrics import PdPairingMetrics
@@ -127,6 +133,7 @@ class PdPairer:
         self._reported: dict[str, tuple[str | None, tuple[str, ...], bool]] = {}  # server -> logged
         # shared dispatch-time inserts (pod-state hub, sharedPrefixIndex), by listener name
         self._insert_listeners: dict[str, Listener] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # replaced sides' matchers closing
 
     def set_insert_listener(self, name: str, listener: Listener | None) -> None:
         """Send both sides' dispatch-time inserts to `listener` (None: stop), each record
@@ -150,13 +157,16 @@ class PdPairer:
         ConfigError (naming `pd.decode` / `pd.prefill`) if Rust refuses a pipeline."""
         out: dict[str, Scheduler | None] = {}
         for side in (DECODE, PREFILL):
-            sc = side_settings(settings, side)
-            if not force and sc == side_settings(self.settings, side):
+            sc, old = side_settings(settings, side), side_settings(self.settings, side)
+            if not force and sc == old and (side_kv.exact_mode(sc, settings.kv_events)
+                                            == side_kv.exact_mode(old, self.settings.kv_events)):
                 out[side] = None
                 continue
             check_scheduler(sc, source, f"pd.{side}")
-            out[side] = Scheduler(sc, self.metrics, hot_spot_abs=self._hot[0], hot_spot_rel=self._hot[1],
-                                  selector=self._selector)
+            sched = Scheduler(sc, self.metrics, hot_spot_abs=self._hot[0], hot_spot_rel=self._hot[1],
+                              selector=self._selector)
+            side_kv.attach(sched, sc, settings.kv_events, self.metrics)
+            out[side] = sched
         return PdBuild(settings, out[DECODE], out[PREFILL])
 
     def install(self, build: PdBuild) -> None:
@@ -169,10 +179,45 @@ class PdPairer:
             for snap in self._snaps.values():
                 new.on_snapshot(snap)
             self._bind(side, new)
-            (self.decode if side == DECODE else self.prefill).swap(new)
+            balancer = self.decode if side == DECODE else self.prefill
+            old = balancer.inner
+            balancer.swap(new)
+            side_kv.retire(old, self._tasks)
+            self._spawn(side_kv.load_tokenizers(new))
         self.settings = build.settings
         if self._state is not None:
             self._report(self._state.pd)
+
+    def _spawn(self, coro: Any) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(coro)
+        except RuntimeError:  # no loop (unit tests): tokenizers load on first use
+            coro.close()
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def start(self) -> None:
+        """Lifespan: load the side matchers' tokenizers before traffic."""
+        for b in (self.decode, self.prefill):
+            await side_kv.load_tokenizers(b.inner)
+
+    async def close(self) -> None:
+        """Lifespan end: close the side matchers' KV-event subscriptions."""
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # retired matchers closing
+        for b in (self.decode, self.prefill):
+            m = b.inner.kv_matcher
+            if m is not None:
+                await m.close()  # type: ignore[attr-defined]  # a KvAwareMatcher
+
+    def kv_streams_not_up(self) -> set[str]:
+        """Endpoint keys followed by a side matcher whose stream is not up (warmup)."""
+        out: set[str] = set()
+        for b in (self.decode, self.prefill):
+            m = b.inner.kv_matcher
+            if m is not None:
+                out |= m.streams_not_up()  # type: ignore[attr-defined]
+        return out
 
     def configure(self, settings: PdSettings, source: str = "<pd>") -> None:
         """build + install (ConfigError leaves the installed pipelines)."""
@@ -205,6 +250,7 @@ class PdPairer:
                 for g in topo.groups.values():
                     views[(ns, name, PREFILL, g.name)] = g.prefill
         sched.sync(views)  # type: ignore[arg-type]  # any hashable view key works
+        side_kv.follow(sched, views)
 
     def on_snapshot(self, snap: EndpointSnapshot) -> None:
         """EngineStateScraper callback (via the router-config reloader)."""
@@ -327,5 +373,7 @@ class PdPairer:
                  for side, b in ((DECODE, self.decode), (PREFILL, self.prefill))}
         return {"servers": servers, "bytes_per_token": self._ratio.bytes_per_token, "index": index,
                 "decode_plugins": [p.name for p in self.decode.inner.cfg.scores],
-                "prefill_plugins": [p.name for p in self.prefill.inner.cfg.scores]}
+                "prefill_plugins": [p.name for p in self.prefill.inner.cfg.scores],
+                "kv_events": {DECODE: side_kv.debug_view(self.decode.inner),
+                              PREFILL: side_kv.debug_view(self.prefill.inner)}}
 

@@ -423,7 +423,7 @@ def router_configuration_from_object(
 ) -> RouterConfiguration:
     """Validate one decoded routerConfiguration mapping (not the ConfigMap wrapper)."""
     c = _Ctx(source, document, Path(base_dir) if base_dir is not None else Path.cwd())
-    from ..pd.config_parse import parse_pd  # it imports this module (the scheduler-section parser)
+    from ..pd.config_parse import parse_pd, with_kv_events  # it imports this module (the scheduler-section parser)
 
     m = _mapping(c, obj, "", ("scheduler", "auth", "sessionSticky", "traffic", "rateLimits", "fairness", "pd",
                               "externalProviders", "scaleFromZero", "sharedPrefixIndex", "kvEvents"))
@@ -450,6 +450,7 @@ def router_configuration_from_object(
         scale_from_zero = parse_scale_from_zero(c, m.get("scaleFromZero"))
         shared_index = parse_shared_index(c, m.get("sharedPrefixIndex"))
         kv_events = parse_kv_events(c, m.get("kvEvents"))
+        pd = with_kv_events(pd, scheduler, kv_events)  # the PD sides' exact matching
         if shared_index is not None and scheduler is not None \
                 and not any(scheduler.enabled(n) for n in PREFIX_PLUGINS):
             c.err("sharedPrefixIndex", f"needs one of {', '.join(PREFIX_PLUGINS)} in scheduler.plugins.Score.enabled "

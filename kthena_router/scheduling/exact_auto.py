@@ -18,9 +18,11 @@ removed or reweighted, so a plugin list the user wrote is honoured as written; o
 the prefix match comes from changes. `off`: only a pipeline that lists `kvcache-aware`
 subscribes to KV events.
 
-Not applied: pipelines without prefix-cache (nothing is matched there), the PD sides
-(pd.decode / pd.prefill refuse kvcache-aware: no event subscription per side yet), and
-a pipeline without tokenizers (no matcher is built: the default path costs nothing).
+The same rule applies to the PD sides (pd.decode / pd.prefill, pd/side_kv.py): each
+follows its own engines' streams, with the scheduler section's kvcache-aware arguments
+unless the side's pluginConfig has its own. Not applied: pipelines without prefix-cache
+(nothing is matched there; the default decode side is one), and a pipeline without
+tokenizers (no matcher is built: the default path costs nothing).
 """
 
 from __future__ import annotations

@@ -25,21 +25,22 @@ ranks on separate ports); vLLM's default pickle-based hash is not reproduced.
 from __future__ import annotations
 
 import asyncio
-
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from kthena_router._core import KvOwnership
+from kthena_router._core import BlockHashes, KvOwnership, PrefixIndex
 from kthena_router.kv_events import EventSource, KvEventSubscribers, StreamState, StreamStatus
 from kthena_router.metrics import RouterMetrics
 
 from .chat_template import ChatTemplate, load_chat_template
-from .config import KvCacheAwareArgs
+from .config import KvCacheAwareArgs, SchedulerSettings
+from .exact_auto import KvEventsSettings, auto_exact_args
 from .request import CHAT_PATH, PROMPT_PATHS, RequestInfo
 from .tokenizer_cache import CachedTokenizer, TokenizerRegistry, TokenizerUnavailable, engine_adds_special_tokens
 
-__all__ = ["KvAwareMatcher", "LABEL_PORT", "LABEL_REPLAY_PORT", "event_source"]
+__all__ = ["KvAwareMatcher", "LABEL_PORT", "LABEL_REPLAY_PORT", "event_source", "event_sources", "matcher_for"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,15 @@ SCHEME = "vllm-sha256-cbor"
 # Entries per endpoint before the table drops the oldest (only reached if removals are
 # missed; memory is per entry, not per capacity).
 DEFAULT_CAPACITY = 1 << 21
+# In-flight blindness: a prompt dispatched to an endpoint whose stream is up reaches that
+# engine's events only once the engine has prefilled it (its queue wait, then the prefill;
+# seconds under load). Until then the exact match does not see it, and a burst of one
+# prefix would spread over the engines, each looking empty. So dispatches to up endpoints
+# are remembered (approximate byte blocks, as the prefix index hashes them) for RECENT_S to
+# 2 x RECENT_S seconds (two generations) and an up endpoint's match is the larger of its
+# exact match and that recent one. Measured on a mixed fleet: docs/kv-exact-default.md.
+RECENT_S = 4.0
+RECENT_CAPACITY = 1 << 16  # entries per endpoint and generation
 
 
 def hash_memo_blocks(args: KvCacheAwareArgs) -> int:
@@ -77,6 +87,21 @@ def event_source(ip: str, labels: Mapping[str, str], args: KvCacheAwareArgs,
         return None
     host = f"[{ip}]" if ":" in ip else ip
     return EventSource(f"tcp://{host}:{port}", None if replay is None else f"tcp://{host}:{replay}")
+
+
+def event_sources(endpoints: Iterable[tuple[str, str, Mapping[str, str]]], endpoint_id: Callable[[str], int | None],
+                  args: KvCacheAwareArgs, labelled_only: bool = False) -> dict[str, tuple[int, EventSource]]:
+    """KvAwareMatcher.set_endpoints' argument from (endpoint key, ip, labels) triples: each
+    endpoint the scheduler knows (`endpoint_id`) with a usable source, first occurrence wins."""
+    out: dict[str, tuple[int, EventSource]] = {}
+    for key, ip, labels in endpoints:
+        if key in out:
+            continue
+        ep_id = endpoint_id(key)
+        src = event_source(ip, labels, args, labelled_only) if ep_id is not None else None
+        if src is not None:
+            out[key] = (ep_id, src)  # type: ignore[assignment]  # ep_id checked above
+    return out
 
 
 class _Sink:
@@ -125,6 +150,10 @@ class KvAwareMatcher:
         self.generation = 0  # bumped when `sourced` changes (the scheduler caches per view)
         self.subscribers = KvEventSubscribers(_Sink(self), on_status=self._on_status,
                                               options=dict(subscriber_options or {}))
+        self.recent_s = RECENT_S  # 0: no recent-dispatch overlay (exact matches only)
+        self._recent = (PrefixIndex(RECENT_CAPACITY), PrefixIndex(RECENT_CAPACITY))
+        self._recent_used = False  # an entry may be in either generation
+        self._rotated = time.monotonic()
 
     # --- endpoints and streams (event loop, rare) ------------------------------------------
     def set_endpoints(self, endpoints: Mapping[str, tuple[int, EventSource]]) -> None:
@@ -145,6 +174,33 @@ class KvAwareMatcher:
             self.sourced = sourced
             self.generation += 1
         self.subscribers.set_sources({k: src for k, (_, src) in endpoints.items()})
+
+    def dispatched(self, ep_id: int, hashes: BlockHashes) -> None:
+        """Scheduler.dispatched: the prompt (approximate hashes) went to `ep_id` now."""
+        if ep_id in self._up and self.recent_s > 0:
+            self._rotate()
+            self._recent[0].insert(ep_id, hashes)
+            self._recent_used = True
+
+    def _rotate(self) -> None:
+        now = time.monotonic()
+        age = now - self._rotated
+        if age < self.recent_s:
+            return
+        young = PrefixIndex(RECENT_CAPACITY)
+        # two periods idle: both generations are too old
+        self._recent = (young, self._recent[0] if age < 2 * self.recent_s else PrefixIndex(RECENT_CAPACITY))
+        self._rotated = now
+
+    def _recent_matches(self, hashes: BlockHashes) -> dict[int, int]:
+        """Up endpoints -> byte blocks of this prompt dispatched to them recently."""
+        self._rotate()
+        out: dict[int, int] = {}
+        for gen in self._recent:
+            for e, m in gen.match_hashes(hashes):
+                if m > out.get(e, 0):
+                    out[e] = m
+        return out
 
     def stream_changed(self, key: str, up: bool) -> None:
         i = self.ids.get(key)
@@ -198,6 +254,16 @@ class KvAwareMatcher:
             return None
         if self._down_ids:
             self.metrics.kv_fallback_used(info.model_label, "stream_down")
+        if self._recent_used and approx_total and n and info.hashes is not None:
+            recent = self._recent_matches(info.hashes)
+            if recent:  # dispatched here, not yet in the engine's events: the larger counts
+                up = self._up
+                best = dict(matches)
+                for e, m in recent.items():
+                    t = m * n // approx_total
+                    if e in up and t > best.get(e, 0):
+                        best[e] = t
+                matches = [(e, b) for e, b in best.items() if b]
         if approx and approx_total and n:
             # endpoints without an up stream (down, or none advertised): the approximate
             # byte-block fraction -> token blocks of this prompt
@@ -272,3 +338,16 @@ class KvAwareMatcher:
             }
         return {"endpoints": out, "entries": len(self.table), "overflow_drops": self.table.overflow_drops,
                 "unknown_removals": self.table.unknown_removals}
+
+
+def matcher_for(sc: SchedulerSettings, metrics: RouterMetrics, kv_events: KvEventsSettings) -> KvAwareMatcher | None:
+    """The matcher a pipeline gets (the scheduler section's, or a PD side's: pd/side_kv.py):
+    kvcache-aware listed, over every endpoint; automatic (prefix-cache, exact_auto.py),
+    over the labelled ones; else None."""
+    kv_args = sc.args.get("kvcache-aware")
+    if sc.enabled("kvcache-aware") and isinstance(kv_args, KvCacheAwareArgs):
+        return KvAwareMatcher(kv_args, metrics)
+    auto_args = auto_exact_args(sc, kv_events)
+    if auto_args is not None:  # prefix-cache + KV events where endpoints advertise them
+        return KvAwareMatcher(auto_args, metrics, auto=True)
+    return None

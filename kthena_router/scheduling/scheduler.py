@@ -112,6 +112,7 @@ class Scheduler:
         # prefill-cost learns each engine's cost of a queued request from the dispatches
         self.learn_cost = cfg.enabled("prefill-cost")
         self.kv_matcher: KvAwareMatcher | None = None
+        self._kv_dispatched: Callable[[int, BlockHashes], None] | None = None
         fixed = self.prefix_args.max_hash_cache_size
         self.index = PrefixIndex(fixed if fixed is not None else DEFAULT_INDEX_CAPACITY)
         # Capacity per endpoint follows its engine's KV unless maxHashCacheSize is set.
@@ -150,6 +151,7 @@ class Scheduler:
         (scheduling/exact_auto.py), consulted only for views with an endpoint that has a
         stream, so a pipeline whose endpoints publish nothing pays nothing for it."""
         self.kv_matcher = matcher
+        self._kv_dispatched = getattr(matcher, "dispatched", None)
 
     def sync(self, targets: Mapping[ServerKey, Sequence[EndpointState]]) -> list[EndpointState]:
         """Reconcile with a new routing state; returns one EndpointState per live key (for
@@ -364,6 +366,8 @@ class Scheduler:
                 scorer.observe_dispatch(ep_id, float(total - matched.get(ep_id, 0)))
         if info is not None and info.hashes is not None and len(info.hashes):
             self.index.insert(ep_id, info.hashes)
+            if self._kv_dispatched is not None:  # the matcher's in-flight overlay (kv_matcher.RECENT_S)
+                self._kv_dispatched(ep_id, info.hashes)
             if self.insert_listeners:
                 for listener in self.insert_listeners.values():
                     listener(ep.key, info.hashes)

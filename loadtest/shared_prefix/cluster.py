@@ -133,10 +133,14 @@ def unavailable(policy: Policy, sched_yaml: str | None) -> str | None:
     return None
 
 
-def _with_event_labels(config: str, ports: list[int], kv_events_base: int) -> str:
+def _with_event_labels(config: str, ports: list[int], kv_events_base: int,
+                       only: tuple[int, ...] | None = None) -> str:
     """Endpoints labelled with their KV-event ports (how the router finds each engine's
-    event stream in file mode: kthena_router/scheduling/kv_matcher.py)."""
+    event stream in file mode: kthena_router/scheduling/kv_matcher.py); `only`: just
+    those engines (a mixed fleet)."""
     for i, port in enumerate(ports):
+        if only is not None and i not in only:
+            continue
         old = f"port: {port}, labels: {{app: bench}}"
         assert old in config, "procs.router_config changed its endpoint format"
         pub = kv_events_base + 2 * i
@@ -157,7 +161,7 @@ def start_router(logdir: Path, procs: list[Proc], ports: list[int], policy: Poli
     cfg = logdir / "router.yaml"
     routes = router_config(MODEL, ports)
     if kv_events_base is not None:
-        routes = _with_event_labels(routes, ports, kv_events_base)
+        routes = _with_event_labels(routes, ports, kv_events_base, policy.kv_labelled)
     if lora_adapters:
         old = f"  modelName: {MODEL}\n"
         assert old in routes, "procs.router_config changed its route format"

@@ -45,6 +45,9 @@ class Policy:
     replicas: int = 1
     # a Redis per cell, its address added to the routerConfiguration as sharedPrefixIndex
     shared_index: bool = False
+    # with kv_events: the engines whose Endpoints carry the KV-event labels (None: all);
+    # the others publish too but the router is not told (a mixed fleet)
+    kv_labelled: tuple[int, ...] | None = None
 
     @property
     def needs_kv_events(self) -> bool:
@@ -75,6 +78,9 @@ _TOKENIZER = Path(__file__).resolve().parents[1] / "simulator" / "tokenizer" / "
 _KV_ARGS = ("scheduler:\n  pluginConfig:\n  - name: kvcache-aware\n"
             f"    args: {{tokenizers: {{{MODEL}: '{_TOKENIZER}'}}, hashSeed: '0'}}\n")
 
+# best.yaml's pipeline with kvcache-aware's tokenizers (automatic exact matching applies)
+_BEST_TOK = _KV_ARGS + _scorers(("prefix-cache", 1), ("least-request", 1)).removeprefix("scheduler:\n")
+
 POLICIES: dict[str, Policy] = {p.name: p for p in (
     # our router's built-in balancer (works before the plugins exist)
     Policy("round-robin", "router", note="router default balancer"),
@@ -98,6 +104,13 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
            note="best.yaml + sharedPrefixIndex (a Redis per cell)"),
     Policy("prefix-hash-bounded", "router", PHB_CONFIG.read_text(),
            note="configs/scheduling/prefix-hash-bounded.yaml", config_file=PHB_CONFIG),
+    # a mixed fleet (docs/kv-exact-default.md, "Mixed fleet"): engines 0 and 1 labelled with
+    # their KV-event ports, engine 2 not; best.yaml + kvcache-aware's tokenizers, exact
+    # matching automatic (labelled engines) or off (the approximate index alone)
+    Policy("best-mixed-auto", "router", _BEST_TOK, kv_events=True, kv_labelled=(0, 1),
+           note="best.yaml + tokenizers, kvEvents auto, 2 of 3 engines labelled"),
+    Policy("best-mixed-off", "router", _BEST_TOK + "kvEvents: {exactMatching: off}\n",
+           kv_events=True, kv_labelled=(0, 1), note="the same, kvEvents off"),
     Policy(GREEDY, "greedy", note="one-step greedy: lowest predicted TTFT (greedy.py)"),
     Policy("direct", "direct", note="client round-robin straight to the engines"),
     Policy("sglang-cache-aware", "peer", peer="sglang"),

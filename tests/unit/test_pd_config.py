@@ -103,8 +103,10 @@ def test_a_side_without_plugins_keeps_its_default_but_takes_plugin_config() -> N
      "pd.decode.plugins.Filter.enabled[0]", "not a filter plugin"),
     ("pd: {prefill: {pluginConfig: [{name: prefix-cache, args: {blockSize: 3}}]}}",
      "pd.prefill.pluginConfig[0].args.blockSize", "unknown field"),
-    ("pd: {prefill: {plugins: {Score: {enabled: [{name: kvcache-aware, weight: 1}]}}}}",
-     "pd.prefill.plugins.Score.enabled[0].name", "not supported in the pd section"),
+    ("pd: {prefill: {pluginConfig: [{name: kvcache-aware, args: {tokenizers: [a]}}]}}",
+     "pd.prefill.pluginConfig[0].args.tokenizers", "mapping"),
+    ("pd: {decode: {pluginConfig: [{name: kvcache-aware, args: {hashSeeds: '0'}}]}}",
+     "pd.decode.pluginConfig[0].args.hashSeeds", "unknown field"),
 ])
 def test_errors_name_file_document_and_field(text: str, field: str, fragment: str) -> None:
     got = problems(text + "\n")
