@@ -335,6 +335,8 @@ class KvAwareMatcher:
                 "state": st.state.value if st else "none",
                 "last_seq": st.last_seq if st else None,
                 "blocks": sorted(self.table.endpoint_hashes(i)),
+                **({k: getattr(st, k) for k in ("batches", "gaps", "gaps_unrecovered", "replays", "connects",
+                                                "decode_errors")} if st else {}),
             }
         return {"endpoints": out, "entries": len(self.table), "overflow_drops": self.table.overflow_drops,
                 "unknown_removals": self.table.unknown_removals}

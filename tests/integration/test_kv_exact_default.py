@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 import harness
+import kv_support as kvs
 from loadtest.shared_prefix.cluster import free_port_block
 
 TOKENIZER = harness.REPO / "loadtest" / "simulator" / "tokenizer" / "tokenizer.json"
@@ -38,9 +39,12 @@ scheduler:
   plugins:
     Score:
       enabled:
-      - {{name: prefix-cache, weight: 1}}
+      - {{name: prefix-cache, weight: 3}}
       - {{name: least-request, weight: 1}}
 {extra}"""
+# prefix-cache outweighs least-request here: at equal weights one request's difference in
+# the scraped load (e.g. a scrape taken during the direct warm-up) outweighs a whole
+# prefix, and these tests are about where the prefix match comes from, not about weights.
 
 
 def config_docs(ports: list[int], kv_base: int) -> list[dict[str, Any]]:
@@ -82,13 +86,6 @@ def ownership(router: harness.Router) -> dict[str, Any]:
     return dict(r.json()["workers"][0]["endpoints"])
 
 
-def engine_seq(sim: harness.Simulator, i: int) -> int:
-    r = httpx.get(f"{sim.admin_url}/admin/engines/{i}/cache", timeout=30)
-    r.raise_for_status()
-    (rank0,) = r.json()
-    return int(rank0["last_seq"])
-
-
 def metric(router: harness.Router, name: str, **labels: str) -> float:
     return harness.metric_value(harness.parse_metrics(router.metrics_text()), name, **labels)
 
@@ -127,47 +124,31 @@ def test_only_labelled_endpoints_are_followed_and_off_follows_none(setup: Any) -
 
 
 def warm_directly(sim: harness.Simulator, router: harness.Router, tag: str, keys: list[str]) -> None:
-    """Group g's prompt straight to labelled engine g % 2; then wait until `router` applied
-    each engine's last KV-event batch."""
+    """Group g's prompt straight to labelled engine g % 2; then wait until `router`'s table
+    holds exactly each engine's cache (its last KV-event batch applied)."""
     for g in range(GROUPS):
         i = LABELLED[g % len(LABELLED)]
         post(f"http://{harness.HOST}:{sim.ports[i]}", tag, g, f"warm-{tag}{g}")
     for i in LABELLED:
-        seq = engine_seq(sim, i)
-        harness.wait_until(lambda i=i, seq=seq: (ownership(router)[keys[i]]["last_seq"] or 0) >= seq, 30,
-                           interval=0.1, what=f"router caught up with engine {i}")
-
-
-def engine_view(router: harness.Router, keys: list[str]) -> dict[str, tuple[float, float]]:
-    """{endpoint: (healthy, metrics stale)} as the router sees them."""
-    fams = harness.parse_metrics(router.metrics_text())
-    return {k: (harness.metric_value(fams, "kthena_router_endpoint_healthy", endpoint=k),
-                harness.metric_value(fams, "kthena_router_endpoint_metrics_stale", endpoint=k)) for k in keys}
-
-
-def wait_engines_fresh(router: harness.Router, keys: list[str]) -> None:
-    """Every engine a candidate with a fresh scrape: a stale one counts as the most loaded,
-    which on a loaded machine can outweigh its prefix match (that is least-request's job,
-    not what these tests are about)."""
-    harness.wait_until(lambda: set(engine_view(router, keys).values()) == {(1.0, 0.0)}, 30,
-                       interval=0.1, what="every engine healthy and freshly scraped")
+        kvs.wait_table_is_engine_cache(sim, i, lambda i=i: ownership(router).get(keys[i]))
+    kvs.wait_rescraped(sim, list(LABELLED))
 
 
 def test_auto_routes_to_the_engine_that_holds_the_prefix_off_does_not(setup: Any) -> None:
     sim, auto, off, keys = setup
     want = [LABELLED[g % len(LABELLED)] for g in range(GROUPS)]
     warm_directly(sim, auto, "p", keys)
-    wait_engines_fresh(auto, keys)
+    kvs.wait_engines_fresh(auto, keys)
     before = metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down")
     for g in range(GROUPS):
         post(auto.base_url, "p", g, f"auto-p{g}")
     got = [served_by(sim, f"auto-p{g}") for g in range(GROUPS)]
-    assert got == want, (got, engine_view(auto, keys), ownership(auto))
+    assert got == want, (got, kvs.engine_view(auto, keys), {k: kvs.brief(e) for k, e in ownership(auto).items()})
     assert metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down") == before
     # the control: the same pipeline without exact matching cannot know what the engines
     # hold (each group lands on the warmed engine with probability ~1/3)
     warm_directly(sim, auto, "q", keys)
-    wait_engines_fresh(off, keys)
+    kvs.wait_engines_fresh(off, keys)
     for g in range(GROUPS):
         post(off.base_url, "q", g, f"off-q{g}")
     got = [served_by(sim, f"off-q{g}") for g in range(GROUPS)]
@@ -209,12 +190,13 @@ def test_rust_front_awaits_prepare_and_routes_exactly(setup: Any, rust_auto: har
     want = [LABELLED[g % len(LABELLED)] for g in range(GROUPS)]
     for tag in ("Lz", "z"):  # tags no other test uses
         warm_directly(sim, router, tag, keys)
-        wait_engines_fresh(router, keys)
+        kvs.wait_engines_fresh(router, keys)
         fast = metric(router, "kthena_router_front_decisions_total", decision="fast")
         for g in range(GROUPS):
             post(router.base_url, tag, g, f"rust-{tag}{g}")
         got = [served_by(sim, f"rust-{tag}{g}") for g in range(GROUPS)]
-        assert got == want, (tag, got, engine_view(router, keys), ownership(router))
+        assert got == want, (tag, got, kvs.engine_view(router, keys),
+                             {k: kvs.brief(e) for k, e in ownership(router).items()})
         assert metric(router, "kthena_router_front_decisions_total", decision="fast") >= fast + GROUPS, tag
 
 
@@ -225,7 +207,7 @@ def test_stopped_stream_falls_back_to_the_approximate_index(setup: Any) -> None:
     harness.wait_until(lambda: metric(auto, "kthena_router_kv_events_stream_up", endpoint=keys[0]) == 0, 30,
                        interval=0.1, what="engine 0's stream down in the router")
     assert ownership(auto)[keys[0]]["blocks"] == []  # nothing trusted from a dead stream
-    wait_engines_fresh(auto, keys)
+    kvs.wait_engines_fresh(auto, keys)
     before = metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down")
     # group g of "p" went to engine g % 2 through this router: its dispatch-time inserts
     # keep engine 0's groups there although its stream is gone

@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 import harness
+import kv_support as kvs
 import pd_harness as pdh
 from loadtest.shared_prefix.cluster import free_port_block
 
@@ -40,8 +41,16 @@ scheduler:
       tokenizers: {{demo: {tok}}}
       hashSeed: "0"
 {extra}"""
+# prefix-cache outweighs least-request on the prefill side (as in test_kv_exact_default.py:
+# one request's difference in the scraped load must not outweigh a whole prefix here)
 DECODE_LISTED = """\
 pd:
+  prefill:
+    plugins:
+      Score:
+        enabled:
+        - {name: prefix-cache, weight: 3}
+        - {name: least-request, weight: 1}
   decode:
     plugins:
       Score:
@@ -95,13 +104,6 @@ def streams(router: harness.Router, side: str) -> dict[str, Any] | None:
     return None if got is None else dict(got["endpoints"])
 
 
-def engine_seq(sim: harness.Simulator, i: int) -> int:
-    r = httpx.get(f"{sim.admin_url}/admin/engines/{i}/cache", timeout=30)
-    r.raise_for_status()
-    (rank0,) = r.json()
-    return int(rank0["last_seq"])
-
-
 def metric(router: harness.Router, name: str, **labels: str) -> float:
     return harness.metric_value(harness.parse_metrics(router.metrics_text()), name, **labels)
 
@@ -129,6 +131,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[harness.Si
         sim.stop()
 
 
+def sides_brief(router: harness.Router) -> dict[str, Any]:
+    return {side: {k: kvs.brief(e) for k, e in (streams(router, side) or {}).items()} for side in ("prefill", "decode")}
+
+
 def wait_streams_up(router: harness.Router, keys: list[str]) -> None:
     want = {"prefill": {keys[i]: "up" for i in (0, 1)}, "decode": {keys[i]: "up" for i in DECODE}}
     harness.wait_until(lambda: {side: {k: e["state"] for k, e in (streams(router, side) or {}).items()}
@@ -154,22 +160,8 @@ def warm_directly(sim: harness.Simulator, router: harness.Router, tag: str, engi
         i = engines[g % len(engines)]
         post(f"http://{harness.HOST}:{sim.ports[i]}", tag, g, f"warm-{tag}{g}")
     for i in engines:
-        seq = engine_seq(sim, i)
-        harness.wait_until(lambda i=i, seq=seq: ((streams(router, side) or {})[keys[i]]["last_seq"] or 0) >= seq,
-                           30, interval=0.1, what=f"router caught up with engine {i} ({pd_view(router)['kv_events']})")
-
-
-def engine_view(router: harness.Router, keys: list[str]) -> dict[str, tuple[float, float]]:
-    """{endpoint: (healthy, metrics stale)} as the router sees them."""
-    fams = harness.parse_metrics(router.metrics_text())
-    return {k: (harness.metric_value(fams, "kthena_router_endpoint_healthy", endpoint=k),
-                harness.metric_value(fams, "kthena_router_endpoint_metrics_stale", endpoint=k)) for k in keys}
-
-
-def wait_engines_fresh(router: harness.Router, keys: list[str]) -> None:
-    """Every engine a candidate with a fresh scrape (a stale one ranks as the most loaded)."""
-    harness.wait_until(lambda: set(engine_view(router, keys).values()) == {(1.0, 0.0)}, 30,
-                       interval=0.1, what=f"every engine healthy and freshly scraped ({engine_view(router, keys)})")
+        kvs.wait_table_is_engine_cache(sim, i, lambda i=i: (streams(router, side) or {}).get(keys[i]))
+    kvs.wait_rescraped(sim, list(engines))
 
 
 def test_prefill_hops_go_to_the_prefill_engine_that_holds_the_prompt(setup: Any) -> None:
@@ -177,16 +169,16 @@ def test_prefill_hops_go_to_the_prefill_engine_that_holds_the_prompt(setup: Any)
     wait_streams_up(auto, keys)
     want = [(0, 1)[g % 2] for g in range(GROUPS)]
     warm_directly(sim, auto, "p", (0, 1), keys, "prefill")
-    wait_engines_fresh(auto, keys)
+    kvs.wait_engines_fresh(auto, keys)
     before = metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down")
     for g in range(GROUPS):
         post(auto.base_url, "p", g, f"auto-p{g}")
     got = [hop_engines(sim, f"auto-p{g}")[0] for g in range(GROUPS)]
-    assert got == want, (got, engine_view(auto, keys), pd_view(auto))
+    assert got == want, (got, kvs.engine_view(auto, keys), sides_brief(auto))
     assert metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down") == before
     # control: the default sides without exact matching cannot know what the engines hold
     warm_directly(sim, auto, "q", (0, 1), keys, "prefill")
-    wait_engines_fresh(off, keys)
+    kvs.wait_engines_fresh(off, keys)
     for g in range(GROUPS):
         post(off.base_url, "q", g, f"off-q{g}")
     got = [hop_engines(sim, f"off-q{g}")[0] for g in range(GROUPS)]
@@ -198,21 +190,21 @@ def test_decode_hops_go_to_the_decode_engine_that_holds_the_prompt(setup: Any) -
     wait_streams_up(auto, keys)
     want = [DECODE[g % 2] for g in range(GROUPS)]
     warm_directly(sim, auto, "d", DECODE, keys, "decode")  # a plain request: a decode engine computes it
-    wait_engines_fresh(auto, keys)
+    kvs.wait_engines_fresh(auto, keys)
     for g in range(GROUPS):
         post(auto.base_url, "d", g, f"auto-d{g}")
     got = [hop_engines(sim, f"auto-d{g}")[1] for g in range(GROUPS)]
-    assert got == want, (got, engine_view(auto, keys), pd_view(auto))
+    assert got == want, (got, kvs.engine_view(auto, keys), sides_brief(auto))
 
 
 def test_prefill_engine_without_a_stream_keeps_approximate_affinity(setup: Any) -> None:
     sim, auto, _, keys = setup
-    wait_engines_fresh(auto, keys)
+    kvs.wait_engines_fresh(auto, keys)
     with ThreadPoolExecutor(8) as pool:  # together: least-request spreads them over the engines
         list(pool.map(lambda g: post(auto.base_url, "r", g, f"r1-{g}"), range(8)))
     chosen = [hop_engines(sim, f"r1-{g}")[0] for g in range(8)]
     assert 2 in chosen, (chosen, pd_view(auto))  # the unlabelled engine got some (else this says nothing)
-    wait_engines_fresh(auto, keys)
+    kvs.wait_engines_fresh(auto, keys)
     for g in range(8):
         post(auto.base_url, "r", g, f"r2-{g}")
     assert [hop_engines(sim, f"r2-{g}")[0] for g in range(8)] == chosen, pd_view(auto)
