@@ -51,9 +51,19 @@ class PrefixIndex:
 
     Inserting a chain touches its blocks last to first, so the chain head is the most
     recently used and eviction removes chain tails first. Matching does not touch the LRU.
+
+    `hint_slots` > 0 adds an evicted-owner hint table (16 bytes a slot, rounded up to a
+    power of two): a block dropped for capacity (insert, set_capacity) keeps its last
+    owner as a hint that halves in weight every 2 index capacities of that endpoint's
+    later evictions (0.5 when fresh). A match then extends an endpoint's run over its
+    hinted blocks at those weights (rounded to whole blocks), and lists the endpoint the
+    first block's hint names. `evict` (engine word) and `remove_endpoint` void hints.
     """
 
-    def __init__(self, default_capacity: int) -> None: ...
+    def __init__(self, default_capacity: int, *, hint_slots: int = 0) -> None: ...
+    @property
+    def hint_slots(self) -> int:
+        """Slots of the hint table (0 without hints)."""
     def match_prompt(
         self, prompt: bytes, block_size: int, seed: int, max_blocks: int
     ) -> tuple[BlockHashes, list[tuple[int, int]]]:

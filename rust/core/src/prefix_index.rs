@@ -4,13 +4,19 @@
 //! A thin layer over the shared owner table (`crate::owner_table`, whose docs describe the
 //! layout) with an empty payload, so an entry costs one 24-byte node plus its table slot
 //! (target <= 64 bytes per (block, endpoint) entry).
+//!
+//! Optional evicted-owner hints ([`crate::evicted_hints`]): entries the index drops for
+//! capacity are remembered as decaying hints of their last owner, and a match extends an
+//! endpoint's run past what the index holds by the hints' weights (see `match_hashes`).
 
-use crate::owner_table::OwnerTable;
+use crate::evicted_hints::EvictedHints;
+use crate::owner_table::{OwnerTable, Touch};
 
 /// See the module docs. Endpoint ids are the caller's `u32`s.
 #[derive(Debug)]
 pub struct PrefixIndex {
     table: OwnerTable<()>,
+    hints: Option<EvictedHints>,
 }
 
 impl PrefixIndex {
@@ -18,7 +24,22 @@ impl PrefixIndex {
     pub fn new(default_capacity: u32) -> Self {
         PrefixIndex {
             table: OwnerTable::new(default_capacity),
+            hints: None,
         }
+    }
+
+    /// [`Self::new`] with an evicted-owner hint table of `hint_slots` entries (rounded up
+    /// to a power of two; 0 = no hints).
+    pub fn with_hints(default_capacity: u32, hint_slots: u32) -> Self {
+        PrefixIndex {
+            table: OwnerTable::new(default_capacity),
+            hints: (hint_slots > 0).then(|| EvictedHints::new(hint_slots)),
+        }
+    }
+
+    /// Slots of the hint table (0 without hints).
+    pub fn hint_slots(&self) -> usize {
+        self.hints.as_ref().map_or(0, EvictedHints::slots)
     }
 
     /// Total (block, endpoint) entries.
@@ -42,11 +63,22 @@ impl PrefixIndex {
 
     /// Bytes allocated by the index (slab, hash table, endpoint tables).
     pub fn memory_bytes(&self) -> usize {
-        self.table.memory_bytes()
+        self.table.memory_bytes() + self.hints.as_ref().map_or(0, EvictedHints::memory_bytes)
     }
 
     /// Set `endpoint`'s capacity (registering it), evicting its LRU entries above it.
     pub fn set_capacity(&mut self, endpoint: u32, cap: u32) {
+        if let Some(hints) = &mut self.hints {
+            let s = self.table.slot(endpoint);
+            while self.table.endpoint_len(endpoint) > cap as usize {
+                let Some(h) = self.table.tail_hash(s) else {
+                    break;
+                };
+                let n = self.table.find(s, h).expect("the tail is held");
+                self.table.remove(n);
+                hints.record(endpoint, h);
+            }
+        }
         self.table.set_capacity(endpoint, cap);
     }
 
@@ -58,16 +90,79 @@ impl PrefixIndex {
         if self.table.cap(s) == 0 {
             return;
         }
+        let Some(hints) = &mut self.hints else {
+            for &h in hashes.iter().rev() {
+                self.table.touch(s, h, ());
+            }
+            return;
+        };
         for &h in hashes.iter().rev() {
-            self.table.touch(s, h, ());
+            // A full endpoint evicts its tail to add `h` (which it does not hold then).
+            let victim = self.table.tail_hash(s);
+            if let Touch::Added { evicted: true } = self.table.touch(s, h, ()) {
+                if let Some(v) = victim {
+                    hints.record(endpoint, v);
+                }
+            }
         }
     }
 
     /// Per endpoint, the number of leading blocks of `hashes` it holds, for endpoints with
     /// at least one; order unspecified. Read-only for the LRU (ownership is recorded by
     /// `insert` at dispatch).
+    ///
+    /// With hints, an endpoint's run continues past the index's blocks over blocks whose
+    /// hint names it, each counting its hint's weight (< 1; blocks the index holds after a
+    /// hinted one count that weight too), and the endpoint the first block's hint names is
+    /// listed even if the index holds nothing of the chain for it. The sum is rounded to
+    /// whole blocks. Costs one table read per listed endpoint when no hint applies.
     pub fn match_hashes(&mut self, hashes: &[u64], out: &mut Vec<(u32, u32)>) {
         self.table.match_hashes(hashes, out, |_| true);
+        if self.hints.is_some() && !hashes.is_empty() {
+            self.extend_with_hints(hashes, out);
+        }
+    }
+
+    fn extend_with_hints(&self, hashes: &[u64], out: &mut Vec<(u32, u32)>) {
+        let Some(hints) = &self.hints else {
+            return;
+        };
+        let n = hashes.len();
+        for m in out.iter_mut() {
+            if (m.1 as usize) < n {
+                m.1 += self.hinted_run(hints, m.0, m.1 as usize, hashes);
+            }
+        }
+        let cap_of = |ep: u32| self.table.slot_of(ep).map_or(0, |s| self.table.cap(s));
+        if let Some((ep, _)) = hints.lookup(hashes[0], cap_of) {
+            if !out.iter().any(|m| m.0 == ep) {
+                let k = self.hinted_run(hints, ep, 0, hashes);
+                if k > 0 {
+                    out.push((ep, k));
+                }
+            }
+        }
+    }
+
+    /// Blocks (rounded weight) `endpoint`'s run gains from `start` on through its hints.
+    fn hinted_run(&self, hints: &EvictedHints, endpoint: u32, start: usize, hashes: &[u64]) -> u32 {
+        let Some(s) = self.table.slot_of(endpoint) else {
+            return 0;
+        };
+        let cap = self.table.cap(s);
+        let mut sum = 0.0;
+        let mut last = 0.0;
+        for &h in &hashes[start..] {
+            if let Some(w) = hints.weight(endpoint, h, |_| cap) {
+                sum += w;
+                last = w;
+            } else if last > 0.0 && self.table.find(s, h).is_some() {
+                sum += last;
+            } else {
+                break;
+            }
+        }
+        sum.round() as u32
     }
 
     /// Forget `hashes` for `endpoint` (e.g. the engine reported them evicted).
@@ -77,6 +172,9 @@ impl PrefixIndex {
         };
         let mut removed = 0;
         for &h in hashes {
+            if let Some(hints) = &mut self.hints {
+                hints.forget(endpoint, h);
+            }
             if let Some(n) = self.table.find(s, h) {
                 self.table.remove(n);
                 removed += 1;
@@ -87,6 +185,9 @@ impl PrefixIndex {
 
     /// Purge an endpoint that disappeared; returns the entries removed.
     pub fn remove_endpoint(&mut self, endpoint: u32) -> usize {
+        if let Some(hints) = &mut self.hints {
+            hints.remove_endpoint(endpoint);
+        }
         self.table.remove_endpoint(endpoint)
     }
 
@@ -224,6 +325,93 @@ mod tests {
                         assert_eq!(got, want);
                     }
                 }
+            }
+            ix.check_invariants();
+        }
+    }
+
+    #[test]
+    fn hints_extend_runs_past_evicted_blocks() {
+        let mut plain = PrefixIndex::new(4);
+        let mut ix = PrefixIndex::with_hints(4, 1000);
+        assert_eq!(ix.hint_slots(), 1024);
+        for x in [&mut plain, &mut ix] {
+            x.insert(1, &[1, 2, 3, 4]);
+            x.insert(1, &[10, 11, 12, 13]); // evicts 4, 3, 2, 1 (tails first)
+            x.insert(2, &[1]);
+        }
+        assert_eq!(matched(&mut plain, &[1, 2, 3, 4]), StdMap::from([(2, 1)]));
+        // Endpoint 1's hints, ages 0..3 evictions at capacity 4 (half-life 8): weights
+        // 0.5 * 2^(-age/8) = 0.5 + 0.46 + 0.42 + 0.39 = 1.77 -> 2 blocks. Endpoint 2 holds
+        // block 1 only.
+        assert_eq!(matched(&mut ix, &[1, 2, 3, 4]), StdMap::from([(1, 2), (2, 1)]));
+        // A chain the index and hints both know: the index's full run is not changed.
+        assert_eq!(matched(&mut ix, &[10, 11, 12, 13]), StdMap::from([(1, 4)]));
+        // The engine says it evicted block 1: endpoint 1's chain is void from its head.
+        ix.evict(1, &[1]);
+        assert_eq!(matched(&mut ix, &[1, 2, 3, 4]), StdMap::from([(2, 1)]));
+        ix.check_invariants();
+    }
+
+    #[test]
+    fn hints_from_shrinking_and_removed_endpoints() {
+        let mut ix = PrefixIndex::with_hints(100, 64);
+        ix.insert(1, &[1, 2, 3, 4, 5, 6]);
+        ix.set_capacity(1, 2); // drops 3..6 into hints
+        assert_eq!(ix.endpoint_len(1), 2);
+        let m = matched(&mut ix, &[1, 2, 3, 4, 5, 6]);
+        assert!(m[&1] > 2 && m[&1] < 6, "{m:?}");
+        ix.set_capacity(1, 0); // no capacity: hints weigh nothing
+        assert!(matched(&mut ix, &[1, 2, 3]).is_empty());
+        ix.set_capacity(1, 2);
+        ix.remove_endpoint(1);
+        ix.insert(2, &[9]);
+        assert!(matched(&mut ix, &[1, 2, 3]).is_empty());
+        ix.check_invariants();
+    }
+
+    /// With hints, every endpoint the plain index lists is listed with at least its plain
+    /// run and at most the chain; the index itself (entries per endpoint) is unchanged.
+    #[test]
+    fn hints_only_add_to_plain_matches() {
+        let mut rnd = crate::test_rng(0x9E37_79B9_7F4A_7C15);
+        for _round in 0..30 {
+            let cap = 1 + rnd(6) as u32;
+            let mut plain = PrefixIndex::new(cap);
+            let mut ix = PrefixIndex::with_hints(cap, 1 + rnd(64) as u32);
+            for _ in 0..300 {
+                let ep = rnd(4) as u32;
+                let hs: Vec<u64> = (0..1 + rnd(6)).map(|_| rnd(16)).collect();
+                match rnd(12) {
+                    0 => {
+                        plain.remove_endpoint(ep);
+                        ix.remove_endpoint(ep);
+                    }
+                    1 => {
+                        plain.evict(ep, &hs);
+                        ix.evict(ep, &hs);
+                    }
+                    2 => {
+                        let c = rnd(5) as u32;
+                        plain.set_capacity(ep, c);
+                        ix.set_capacity(ep, c);
+                    }
+                    3..=6 => {
+                        plain.insert(ep, &hs);
+                        ix.insert(ep, &hs);
+                    }
+                    _ => {
+                        let want = matched(&mut plain, &hs);
+                        let got = matched(&mut ix, &hs);
+                        for (e, k) in &want {
+                            assert!(got[e] >= *k, "{got:?} vs {want:?}");
+                        }
+                        for k in got.values() {
+                            assert!(*k >= 1 && *k as usize <= hs.len());
+                        }
+                    }
+                }
+                assert_eq!(plain.len(), ix.len());
             }
             ix.check_invariants();
         }
