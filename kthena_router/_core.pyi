@@ -53,11 +53,12 @@ class PrefixIndex:
     recently used and eviction removes chain tails first. Matching does not touch the LRU.
 
     `hint_slots` > 0 adds an evicted-owner hint table (16 bytes a slot, rounded up to a
-    power of two): a block dropped for capacity (insert, set_capacity) keeps its last
-    owner as a hint that halves in weight every 2 index capacities of that endpoint's
-    later evictions (0.5 when fresh). A match then extends an endpoint's run over its
-    hinted blocks at those weights (rounded to whole blocks), and lists the endpoint the
-    first block's hint names. `evict` (engine word) and `remove_endpoint` void hints.
+    power of two, direct-mapped by block hash): a block dropped for capacity (insert,
+    set_capacity) keeps its last owner as a hint weighing 0.5, halved every 4 index
+    capacities of that endpoint's later evictions. A match then extends an endpoint's run
+    to the furthest block of the chain hinted to it, at the hints' mean weight (rounded up
+    to whole blocks), listing endpoints known through hints alone too. `evict` (the
+    engine's word) and `remove_endpoint` void hints.
     """
 
     def __init__(self, default_capacity: int, *, hint_slots: int = 0) -> None: ...

@@ -15,6 +15,7 @@ from tests.unit.test_scheduling_scheduler import KEY, endpoints, fresh, sched
 
 
 def config(hint_slots: int | None, cache: int = 100) -> str:
+    """None: evictedHintSlots left at its default."""
     args = f"{{maxHashCacheSize: {cache}" + ("" if hint_slots is None else f", evictedHintSlots: {hint_slots}") + "}"
     return ("scheduler:\n  pluginConfig:\n  - name: prefix-cache\n    args: " + args + "\n"
             "  plugins:\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n"
@@ -35,9 +36,9 @@ def dispatch(s: Scheduler, ep, info: RequestInfo) -> None:
 def test_evicted_prefix_still_prefers_its_last_owner():
     eps = endpoints(3)
     seen = {}
-    for slots in (None, 4096):
+    for slots in (0, 4096):
         s, _ = sched(config(slots))
-        assert s.index.hint_slots == (slots or 0)
+        assert s.index.hint_slots == slots
         fresh(s, eps)
         # eps[1] serves prefix A, then B and C push A out of its 100-entry index
         for i, tag in enumerate("ABC"):
@@ -46,7 +47,7 @@ def test_evicted_prefix_still_prefers_its_last_owner():
         matches, total = s.approx_match(req("probe", "A"))
         assert total >= 60
         seen[slots] = dict(matches or [])
-        if slots is None:
+        if slots == 0:
             assert ep1 not in seen[slots], f"A should be evicted from the plain index: {seen}"
             continue
         # a discounted match: some blocks, fewer than the whole prompt
@@ -65,7 +66,7 @@ def test_engine_reported_eviction_and_removed_endpoint_void_hints():
     ix.insert(7, chain)  # keeps 11, 12; hints for 13, 14
     ix.insert(7, BlockHashes([21, 22]))  # 11, 12 become hints too
     assert dict(ix.match_hashes(chain)).get(7, 0) >= 1
-    ix.evict(7, BlockHashes([11]))  # the engine dropped the head: the chain is void
+    ix.evict(7, BlockHashes([11, 12, 13, 14]))  # the engine dropped the chain: its hints are void
     assert dict(ix.match_hashes(chain)).get(7, 0) == 0
     ix.insert(8, BlockHashes([31]))
     ix.insert(8, BlockHashes([32, 33]))  # 31 becomes endpoint 8's hint
@@ -74,6 +75,13 @@ def test_engine_reported_eviction_and_removed_endpoint_void_hints():
     assert ix.match_hashes(BlockHashes([31])) == []
     # the default index has no hint table
     assert PrefixIndex(10).hint_slots == 0
+
+
+def test_hints_are_on_by_default_at_one_mebibyte():
+    s, _ = sched(config(None))
+    assert s.prefix_args.evicted_hint_slots == 65536
+    assert s.index.hint_slots == 65536
+    assert s.index.memory_bytes() >= 65536 * 16
 
 
 @pytest.mark.parametrize("bad", ["-1", "1.5", "true", "16777217"])

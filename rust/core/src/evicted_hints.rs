@@ -25,8 +25,8 @@ use hashbrown::HashMap;
 pub const HINT_WEIGHT: f64 = 0.5;
 /// A hint's half-life in index capacities of its endpoint's later evictions. The engine
 /// usually caches more than the router's index budget, so a block the index dropped
-/// survives on the engine for a while (index sized at 1/4 of the engine: ~3 capacities).
-pub const HALF_LIFE_CAPACITIES: f64 = 2.0;
+/// survives on the engine for a while (an index at 1/4 of the engine: ~3 capacities).
+pub const HALF_LIFE_CAPACITIES: f64 = 4.0;
 
 const NO_EP: u32 = u32::MAX;
 
@@ -147,11 +147,12 @@ mod tests {
         let (e, w) = h.lookup(42, |_| 10).unwrap();
         assert_eq!(e, 1);
         assert!((w - HINT_WEIGHT).abs() < 1e-12);
-        // 10 more evictions of endpoint 1 (capacity 5, half-life 2 capacities): half the weight.
-        for k in 0..10 {
+        // 20 more evictions of endpoint 1 (capacity 5, half-life 4 capacities): half the
+        // weight.
+        for k in 0..20 {
             h.record(1, 1000 + k * 8 + 1); // other slots than 42's (42 % 8 = 2)
         }
-        assert_eq!(HALF_LIFE_CAPACITIES, 2.0);
+        assert_eq!(HALF_LIFE_CAPACITIES, 4.0);
         let w = h.weight(1, 42, |_| 5).unwrap();
         assert!((w - HINT_WEIGHT / 2.0).abs() < 1e-9, "{w}");
         // Another endpoint's evictions do not age it.

@@ -17,6 +17,32 @@ use crate::owner_table::{OwnerTable, Touch};
 pub struct PrefixIndex {
     table: OwnerTable<()>,
     hints: Option<EvictedHints>,
+    /// Per-match scratch of `match_hashes` with hints (kept to avoid an allocation).
+    runs: Vec<HintRun>,
+}
+
+/// One endpoint's run during a hinted match.
+#[derive(Clone, Copy, Debug)]
+struct HintRun {
+    ep: u32,
+    /// Leading blocks the index holds.
+    held: u32,
+    /// One past the furthest block at or after `held` whose hint names `ep` (0: none).
+    end: u32,
+    weight: f64,
+    hints: u32,
+}
+
+impl HintRun {
+    fn new(ep: u32, held: u32) -> Self {
+        HintRun {
+            ep,
+            held,
+            end: 0,
+            weight: 0.0,
+            hints: 0,
+        }
+    }
 }
 
 impl PrefixIndex {
@@ -25,6 +51,7 @@ impl PrefixIndex {
         PrefixIndex {
             table: OwnerTable::new(default_capacity),
             hints: None,
+            runs: Vec::new(),
         }
     }
 
@@ -34,6 +61,7 @@ impl PrefixIndex {
         PrefixIndex {
             table: OwnerTable::new(default_capacity),
             hints: (hint_slots > 0).then(|| EvictedHints::new(hint_slots)),
+            runs: Vec::new(),
         }
     }
 
@@ -111,11 +139,12 @@ impl PrefixIndex {
     /// at least one; order unspecified. Read-only for the LRU (ownership is recorded by
     /// `insert` at dispatch).
     ///
-    /// With hints, an endpoint's run continues past the index's blocks over blocks whose
-    /// hint names it, each counting its hint's weight (< 1; blocks the index holds after a
-    /// hinted one count that weight too), and the endpoint the first block's hint names is
-    /// listed even if the index holds nothing of the chain for it. The sum is rounded to
-    /// whole blocks. Costs one table read per listed endpoint when no hint applies.
+    /// With hints, an endpoint's run extends past the index's blocks to the furthest block
+    /// of the chain whose hint names it, at the mean weight of those hints (< 1), rounded
+    /// up to whole blocks; an endpoint the index lists for none of the chain can be listed
+    /// through hints alone. A chain hash covers the whole prefix before it, so a hint on a
+    /// later block says its owner held every earlier one too: gaps (hints overwritten in
+    /// the direct-mapped table) do not end the run. One table read per block of the chain.
     pub fn match_hashes(&mut self, hashes: &[u64], out: &mut Vec<(u32, u32)>) {
         self.table.match_hashes(hashes, out, |_| true);
         if self.hints.is_some() && !hashes.is_empty() {
@@ -123,46 +152,46 @@ impl PrefixIndex {
         }
     }
 
-    fn extend_with_hints(&self, hashes: &[u64], out: &mut Vec<(u32, u32)>) {
+    fn extend_with_hints(&mut self, hashes: &[u64], out: &mut Vec<(u32, u32)>) {
         let Some(hints) = &self.hints else {
             return;
         };
-        let n = hashes.len();
-        for m in out.iter_mut() {
-            if (m.1 as usize) < n {
-                m.1 += self.hinted_run(hints, m.0, m.1 as usize, hashes);
-            }
-        }
-        let cap_of = |ep: u32| self.table.slot_of(ep).map_or(0, |s| self.table.cap(s));
-        if let Some((ep, _)) = hints.lookup(hashes[0], cap_of) {
-            if !out.iter().any(|m| m.0 == ep) {
-                let k = self.hinted_run(hints, ep, 0, hashes);
-                if k > 0 {
-                    out.push((ep, k));
+        let table = &self.table;
+        let cap_of = |ep: u32| table.slot_of(ep).map_or(0, |s| table.cap(s));
+        let runs = &mut self.runs;
+        runs.clear();
+        runs.extend(out.iter().map(|&(ep, k)| HintRun::new(ep, k)));
+        for (i, &h) in hashes.iter().enumerate() {
+            let Some((ep, w)) = hints.lookup(h, cap_of) else {
+                continue;
+            };
+            let r = match runs.iter().position(|r| r.ep == ep) {
+                Some(p) => &mut runs[p],
+                None => {
+                    runs.push(HintRun::new(ep, 0));
+                    runs.last_mut().expect("just pushed")
                 }
+            };
+            let i = i as u32;
+            if i >= r.held {
+                r.end = i + 1;
+                r.weight += w;
+                r.hints += 1;
             }
         }
-    }
-
-    /// Blocks (rounded weight) `endpoint`'s run gains from `start` on through its hints.
-    fn hinted_run(&self, hints: &EvictedHints, endpoint: u32, start: usize, hashes: &[u64]) -> u32 {
-        let Some(s) = self.table.slot_of(endpoint) else {
-            return 0;
-        };
-        let cap = self.table.cap(s);
-        let mut sum = 0.0;
-        let mut last = 0.0;
-        for &h in &hashes[start..] {
-            if let Some(w) = hints.weight(endpoint, h, |_| cap) {
-                sum += w;
-                last = w;
-            } else if last > 0.0 && self.table.find(s, h).is_some() {
-                sum += last;
-            } else {
-                break;
+        out.clear();
+        for r in runs.iter() {
+            let mut k = r.held;
+            if r.hints > 0 {
+                let mean = r.weight / f64::from(r.hints);
+                // Up: a faded hint still beats no opinion (it only tips otherwise equal
+                // endpoints).
+                k += (f64::from(r.end - r.held) * mean).ceil() as u32;
+            }
+            if k > 0 {
+                out.push((r.ep, k));
             }
         }
-        sum.round() as u32
     }
 
     /// Forget `hashes` for `endpoint` (e.g. the engine reported them evicted).
@@ -341,15 +370,28 @@ mod tests {
             x.insert(2, &[1]);
         }
         assert_eq!(matched(&mut plain, &[1, 2, 3, 4]), StdMap::from([(2, 1)]));
-        // Endpoint 1's hints, ages 0..3 evictions at capacity 4 (half-life 8): weights
-        // 0.5 * 2^(-age/8) = 0.5 + 0.46 + 0.42 + 0.39 = 1.77 -> 2 blocks. Endpoint 2 holds
-        // block 1 only.
+        // Endpoint 1's hints, ages 0..3 evictions at capacity 4 (half-life 16): mean weight
+        // ~0.47 over 4 blocks = 1.9 -> 2 blocks. Endpoint 2 holds block 1 only.
         assert_eq!(matched(&mut ix, &[1, 2, 3, 4]), StdMap::from([(1, 2), (2, 1)]));
         // A chain the index and hints both know: the index's full run is not changed.
         assert_eq!(matched(&mut ix, &[10, 11, 12, 13]), StdMap::from([(1, 4)]));
-        // The engine says it evicted block 1: endpoint 1's chain is void from its head.
-        ix.evict(1, &[1]);
+        // The engine says it evicted the chain: endpoint 1's hints for it are void.
+        ix.evict(1, &[1, 2, 3, 4]);
         assert_eq!(matched(&mut ix, &[1, 2, 3, 4]), StdMap::from([(2, 1)]));
+        ix.check_invariants();
+    }
+
+    #[test]
+    fn an_overwritten_hint_does_not_end_the_run() {
+        let mut ix = PrefixIndex::with_hints(8, 16);
+        ix.insert(1, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        ix.insert(1, &[30, 31, 32, 33, 34, 35, 36, 37]); // 1..8 become hints
+        ix.set_capacity(2, 1);
+        ix.insert(2, &[20]);
+        ix.insert(2, &[50]); // 20 becomes a hint in slot 20 % 16 = 4: block 4's is gone
+        // Block 8's hint says endpoint 1 held the whole chain: 8 blocks at a mean weight of
+        // ~0.46 (ages 0..7 of a 32-eviction half-life) -> 4; stopping at the gap would give 2.
+        assert_eq!(matched(&mut ix, &[1, 2, 3, 4, 5, 6, 7, 8]), StdMap::from([(1, 4)]));
         ix.check_invariants();
     }
 
