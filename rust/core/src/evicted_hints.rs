@@ -161,7 +161,8 @@ mod tests {
         }
         assert!((h.weight(1, 42, |_| 5).unwrap() - HINT_WEIGHT / 2.0).abs() < 1e-9);
         assert!(h.weight(2, 42, |_| 10).is_none());
-        assert!(h.lookup(42, |_| 0).is_none()); // no capacity: no hint
+        // No capacity: no hint.
+        assert!(h.lookup(42, |_| 0).is_none());
         // Same slot, other hash: newest wins.
         h.record(3, 42 + 8);
         assert!(h.lookup(42, |_| 10).is_none());

@@ -372,7 +372,10 @@ mod tests {
         assert_eq!(matched(&mut plain, &[1, 2, 3, 4]), StdMap::from([(2, 1)]));
         // Endpoint 1's hints, ages 0..3 evictions at capacity 4 (half-life 16): mean weight
         // ~0.47 over 4 blocks = 1.9 -> 2 blocks. Endpoint 2 holds block 1 only.
-        assert_eq!(matched(&mut ix, &[1, 2, 3, 4]), StdMap::from([(1, 2), (2, 1)]));
+        assert_eq!(
+            matched(&mut ix, &[1, 2, 3, 4]),
+            StdMap::from([(1, 2), (2, 1)])
+        );
         // A chain the index and hints both know: the index's full run is not changed.
         assert_eq!(matched(&mut ix, &[10, 11, 12, 13]), StdMap::from([(1, 4)]));
         // The engine says it evicted the chain: endpoint 1's hints for it are void.
@@ -389,9 +392,12 @@ mod tests {
         ix.set_capacity(2, 1);
         ix.insert(2, &[20]);
         ix.insert(2, &[50]); // 20 becomes a hint in slot 20 % 16 = 4: block 4's is gone
-        // Block 8's hint says endpoint 1 held the whole chain: 8 blocks at a mean weight of
-        // ~0.46 (ages 0..7 of a 32-eviction half-life) -> 4; stopping at the gap would give 2.
-        assert_eq!(matched(&mut ix, &[1, 2, 3, 4, 5, 6, 7, 8]), StdMap::from([(1, 4)]));
+                             // Block 8's hint says endpoint 1 held the whole chain: 8 blocks at a mean weight of
+                             // ~0.46 (ages 0..7 of a 32-eviction half-life) -> 4; stopping at the gap would give 2.
+        assert_eq!(
+            matched(&mut ix, &[1, 2, 3, 4, 5, 6, 7, 8]),
+            StdMap::from([(1, 4)])
+        );
         ix.check_invariants();
     }
 

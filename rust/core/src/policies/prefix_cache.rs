@@ -37,15 +37,23 @@ const BALANCE: ArgSpec = ArgSpec::bool("balanceMisses", "balance_misses", false)
 /// budget (1 MiB per worker), not a traffic size; on by measurement (docs/hard-workloads.md,
 /// "Evicted-owner hints": +28% req/s with an undersized index, no change beyond noise with
 /// the learned size).
-const HINT_SLOTS: ArgSpec = ArgSpec::int("evictedHintSlots", "evicted_hint_slots", Value::Int(65_536))
-    .range(0.0, 16_777_216.0)
-    .ours()
-    .router();
+const HINT_SLOTS: ArgSpec =
+    ArgSpec::int("evictedHintSlots", "evicted_hint_slots", Value::Int(65_536))
+        .range(0.0, 16_777_216.0)
+        .ours()
+        .router();
 
 pub const INFO_PREFIX: PolicyInfo = PolicyInfo {
     affinity: true,
     prefix_input: true,
-    args: &[BLOCK_BYTES, MAX_BLOCKS, CACHE_SIZE, TOP_K, BALANCE, HINT_SLOTS],
+    args: &[
+        BLOCK_BYTES,
+        MAX_BLOCKS,
+        CACHE_SIZE,
+        TOP_K,
+        BALANCE,
+        HINT_SLOTS,
+    ],
     ..PolicyInfo::score("prefix-cache", build_prefix)
 };
 
