@@ -51,9 +51,20 @@ class PrefixIndex:
 
     Inserting a chain touches its blocks last to first, so the chain head is the most
     recently used and eviction removes chain tails first. Matching does not touch the LRU.
+
+    `hint_slots` > 0 adds an evicted-owner hint table (16 bytes a slot, rounded up to a
+    power of two, direct-mapped by block hash): a block dropped for capacity (insert,
+    set_capacity) keeps its last owner as a hint weighing 0.5, halved every 4 index
+    capacities of that endpoint's later evictions. A match then extends an endpoint's run
+    to the furthest block of the chain hinted to it, at the hints' mean weight (rounded up
+    to whole blocks), listing endpoints known through hints alone too. `evict` (the
+    engine's word) and `remove_endpoint` void hints.
     """
 
-    def __init__(self, default_capacity: int) -> None: ...
+    def __init__(self, default_capacity: int, *, hint_slots: int = 0) -> None: ...
+    @property
+    def hint_slots(self) -> int:
+        """Slots of the hint table (0 without hints)."""
     def match_prompt(
         self, prompt: bytes, block_size: int, seed: int, max_blocks: int
     ) -> tuple[BlockHashes, list[tuple[int, int]]]:

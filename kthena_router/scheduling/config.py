@@ -93,6 +93,7 @@ class PrefixCacheArgs:
     max_hash_cache_size: int | None = arg_default("prefix-cache", "maxHashCacheSize")
     top_k_matches: int | None = arg_default("prefix-cache", "topKMatches")
     balance_misses: bool = arg_default("prefix-cache", "balanceMisses")
+    evicted_hint_slots: int = arg_default("prefix-cache", "evictedHintSlots")
 
 
 @dataclass(frozen=True, slots=True)

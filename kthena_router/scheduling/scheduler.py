@@ -114,7 +114,8 @@ class Scheduler:
         self.kv_matcher: KvAwareMatcher | None = None
         self._kv_dispatched: Callable[[int, BlockHashes], None] | None = None
         fixed = self.prefix_args.max_hash_cache_size
-        self.index = PrefixIndex(fixed if fixed is not None else DEFAULT_INDEX_CAPACITY)
+        self.index = PrefixIndex(fixed if fixed is not None else DEFAULT_INDEX_CAPACITY,
+                                 hint_slots=self.prefix_args.evicted_hint_slots)
         # Capacity per endpoint follows its engine's KV unless maxHashCacheSize is set.
         self._sizer = IndexSizer(self.prefix_args.block_size_to_hash) if fixed is None else None
         self._kv_tokens: dict[int, int] = {}  # endpoint id -> engine KV capacity in tokens

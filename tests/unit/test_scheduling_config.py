@@ -108,7 +108,9 @@ def test_kthena_testdata_loads(tmp_path):
     assert s.args["least-latency"] == LeastLatencyArgs(0.5)
     assert s.filters_disabled == ("lora-affinity",)
     assert s.scorer_args()["prefix-cache"] == {"blockSizeToHash": 64, "maxBlocksToMatch": 128,
-                                               "maxHashCacheSize": 50000, "topKMatches": 5}
+                                               "maxHashCacheSize": 50000, "topKMatches": 5,
+                                               # ours, at its default
+                                               "evictedHintSlots": PrefixCacheArgs().evicted_hint_slots}
     assert cfg.warnings == () and cfg.auth is None
 
 

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod digest_memo;
+pub mod evicted_hints;
 pub mod fairq;
 pub mod json_splice;
 pub mod kv_ownership;

@@ -205,6 +205,13 @@ impl<P: Copy, E: Copy + Default> OwnerTable<P, E> {
         evicted
     }
 
+    /// Hash of `slot`'s least recent entry (the next one a full endpoint evicts).
+    #[inline]
+    pub fn tail_hash(&self, slot: u32) -> Option<u64> {
+        let t = self.eps[slot as usize].tail;
+        (t != NIL).then(|| self.nodes[t as usize].hash)
+    }
+
     /// First node with `hash`, or NIL.
     #[inline]
     fn head_of(&self, hash: u64) -> u32 {

@@ -131,12 +131,20 @@ pub struct PrefixIndex {
 
 #[pymethods]
 impl PrefixIndex {
+    /// `hint_slots`: entries of the evicted-owner hint table (0 = no hints).
     #[new]
-    fn new(default_capacity: u32) -> Self {
+    #[pyo3(signature = (default_capacity, *, hint_slots = 0))]
+    fn new(default_capacity: u32, hint_slots: u32) -> Self {
         PrefixIndex {
-            inner: prefix_index::PrefixIndex::new(default_capacity),
+            inner: prefix_index::PrefixIndex::with_hints(default_capacity, hint_slots),
             out: Vec::new(),
         }
+    }
+
+    /// Slots of the evicted-owner hint table (0 without hints).
+    #[getter]
+    fn hint_slots(&self) -> usize {
+        self.inner.hint_slots()
     }
 
     /// The request path in one call: hash the prompt, then match the chain.

@@ -31,10 +31,29 @@ const BALANCE: ArgSpec = ArgSpec::bool("balanceMisses", "balance_misses", false)
     .ours()
     .router();
 
+/// Ours: slots (16 bytes each, rounded up to a power of two) of the index's evicted-owner
+/// hint table (crate::evicted_hints; 0 = off): a block the index drops for capacity keeps
+/// its last owner as a decaying hint, matched at a discount. The default is a memory
+/// budget (1 MiB per worker), not a traffic size; on by measurement (docs/hard-workloads.md,
+/// "Evicted-owner hints": +28% req/s with an undersized index, no change beyond noise with
+/// the learned size).
+const HINT_SLOTS: ArgSpec =
+    ArgSpec::int("evictedHintSlots", "evicted_hint_slots", Value::Int(65_536))
+        .range(0.0, 16_777_216.0)
+        .ours()
+        .router();
+
 pub const INFO_PREFIX: PolicyInfo = PolicyInfo {
     affinity: true,
     prefix_input: true,
-    args: &[BLOCK_BYTES, MAX_BLOCKS, CACHE_SIZE, TOP_K, BALANCE],
+    args: &[
+        BLOCK_BYTES,
+        MAX_BLOCKS,
+        CACHE_SIZE,
+        TOP_K,
+        BALANCE,
+        HINT_SLOTS,
+    ],
     ..PolicyInfo::score("prefix-cache", build_prefix)
 };
 
