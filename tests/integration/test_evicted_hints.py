@@ -12,6 +12,10 @@ import httpx
 import harness
 
 CACHE = 20  # index entries per endpoint: a 60-block prompt keeps only its first 20
+# Without hints every group must not return by chance: (1/3)^10 that all do, and (2/3)^24
+# that some engine got no filler (its index kept its groups).
+GROUPS = 10
+FILLERS = 24
 
 
 def config(hints: bool) -> str:
@@ -57,10 +61,10 @@ def test_evicted_prefix_returns_to_its_engine(tmp_path: Path) -> None:
             for url in sim.urls:
                 httpx.post(url + "/flush_cache", timeout=10).raise_for_status()
             client = router.openai()
-            groups = [f"g{hints}{k}" for k in range(6)]
+            groups = [f"g{hints}{k}" for k in range(GROUPS)]
             first = {g: served_by(sim, client, prompt(g)) for g in groups}
             # fillers: each one landing on an engine flushes that engine's 20-entry index
-            for k in range(12):
+            for k in range(FILLERS):
                 served_by(sim, client, prompt(f"filler{hints}{k}"))
             report[hints] = [(first[g], served_by(sim, client, prompt(g))) for g in groups]
         for r in routers.values():
@@ -68,7 +72,7 @@ def test_evicted_prefix_returns_to_its_engine(tmp_path: Path) -> None:
         # With hints every group returns to its first engine (it is still cached there).
         assert all(a == b for a, b in report[True]), report
         # Without hints the tiny index forgot some of them (the request-id tie-break sends a
-        # forgotten group to its first engine with probability 1/3 per group).
+        # forgotten group to its first engine with probability 1/3 per group, all 10: 2e-5).
         assert any(a != b for a, b in report[False]), report
     finally:
         sim.stop()
