@@ -127,6 +127,8 @@ def test_a_recent_dispatch_counts_for_an_up_endpoint_until_its_events_arrive() -
     """kv_matcher.RECENT_S: a prompt just sent to an endpoint whose stream is up is not in
     its events yet; the exact match must not call that endpoint empty meanwhile."""
     m = KvAwareMatcher(KvCacheAwareArgs(), RouterMetrics(CollectorRegistry()), auto=True)
+    assert m.recent_s == 0  # off by default (kv_matcher.RECENT_S)
+    m.recent_s = 4.0
     m._up = {1, 2}
     hashes, _ = PrefixIndex(100).match_prompt(b"x" * 64 * 8, 64, 0, 100)  # 8 byte blocks
     info = chat("r", "q")
