@@ -1,7 +1,9 @@
 """prefix-cache's evictedHintSlots through a real router and engine simulators: a prefix the
 router's (deliberately tiny) index has dropped still goes back to the engine that served
 it, which still caches it; without hints the same requests land wherever the tie-break
-sends them. Sequential requests (idle engines), so least-request never decides."""
+sends them. Sequential requests on idle engines; prefix-cache weighs 3 against
+least-request's 1 because a scrape that overlaps a request's end can show one running
+request for a while, and at equal weights that outweighs a hint's half-weight match."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ FILLERS = 24
 def config(hints: bool) -> str:
     args = f"{{maxHashCacheSize: {CACHE}, evictedHintSlots: {4096 if hints else 0}}}"
     return ("scheduler:\n  pluginConfig:\n  - name: prefix-cache\n    args: " + args + "\n"
-            "  plugins:\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 1}\n"
+            "  plugins:\n    Score:\n      enabled:\n      - {name: prefix-cache, weight: 3}\n"
             "      - {name: least-request, weight: 1}\n")
 
 
