@@ -10,6 +10,21 @@ import httpx
 
 import harness
 
+def messages(tag: str, g: int) -> list[dict[str, str]]:
+    """Group g's chat: a system prompt of its own. Tags starting with "L": prompts over
+    kv_matcher.OFFLOAD_CHARS (tokenized in prepare())."""
+    rules = "Answer briefly and cite the house rules. " * (220 if tag.startswith("L") else 40)
+    system = f"You are the assistant of team {tag}-{g}. " + rules
+    return [{"role": "system", "content": system}, {"role": "user", "content": "what now?"}]
+
+
+def post(url: str, tag: str, g: int, rid: str) -> None:
+    with httpx.Client(timeout=60) as c:
+        r = c.post(url + "/v1/chat/completions", headers={"x-request-id": rid},
+                   json={"model": "demo", "max_tokens": 2, "messages": messages(tag, g)})
+    assert r.status_code == 200, r.text
+
+
 COUNTERS = ("batches", "gaps", "gaps_unrecovered", "replays", "connects", "decode_errors")
 
 

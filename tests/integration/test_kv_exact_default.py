@@ -61,20 +61,6 @@ def config_docs(ports: list[int], kv_base: int) -> list[dict[str, Any]]:
              "spec": {"endpoints": eps}}]
 
 
-def messages(tag: str, g: int) -> list[dict[str, str]]:
-    # tags starting with "L": prompts over kv_matcher.OFFLOAD_CHARS (tokenized in prepare())
-    rules = "Answer briefly and cite the house rules. " * (220 if tag.startswith("L") else 40)
-    system = f"You are the assistant of team {tag}-{g}. " + rules
-    return [{"role": "system", "content": system}, {"role": "user", "content": "what now?"}]
-
-
-def post(url: str, tag: str, g: int, rid: str) -> None:
-    with httpx.Client(timeout=60) as c:
-        r = c.post(url + "/v1/chat/completions", headers={"x-request-id": rid},
-                   json={"model": "demo", "max_tokens": 2, "messages": messages(tag, g)})
-    assert r.status_code == 200, r.text
-
-
 def served_by(sim: harness.Simulator, rid: str) -> int:
     (i,) = [i for i in range(ENGINES) if any(e["request_id"] == rid for e in sim.requests(i)["log"])]
     return i
@@ -128,7 +114,7 @@ def warm_directly(sim: harness.Simulator, router: harness.Router, tag: str, keys
     holds exactly each engine's cache (its last KV-event batch applied)."""
     for g in range(GROUPS):
         i = LABELLED[g % len(LABELLED)]
-        post(f"http://{harness.HOST}:{sim.ports[i]}", tag, g, f"warm-{tag}{g}")
+        kvs.post(f"http://{harness.HOST}:{sim.ports[i]}", tag, g, f"warm-{tag}{g}")
     for i in LABELLED:
         kvs.wait_table_is_engine_cache(sim, i, lambda i=i: ownership(router).get(keys[i]))
     kvs.wait_rescraped(sim, list(LABELLED))
@@ -141,7 +127,7 @@ def test_auto_routes_to_the_engine_that_holds_the_prefix_off_does_not(setup: Any
     kvs.wait_engines_fresh(auto, keys)
     before = metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down")
     for g in range(GROUPS):
-        post(auto.base_url, "p", g, f"auto-p{g}")
+        kvs.post(auto.base_url, "p", g, f"auto-p{g}")
     got = [served_by(sim, f"auto-p{g}") for g in range(GROUPS)]
     assert got == want, (got, kvs.engine_view(auto, keys), {k: kvs.brief(e) for k, e in ownership(auto).items()})
     assert metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down") == before
@@ -150,7 +136,7 @@ def test_auto_routes_to_the_engine_that_holds_the_prefix_off_does_not(setup: Any
     warm_directly(sim, auto, "q", keys)
     kvs.wait_engines_fresh(off, keys)
     for g in range(GROUPS):
-        post(off.base_url, "q", g, f"off-q{g}")
+        kvs.post(off.base_url, "q", g, f"off-q{g}")
     got = [served_by(sim, f"off-q{g}") for g in range(GROUPS)]
     assert got != want, got
 
@@ -158,11 +144,11 @@ def test_auto_routes_to_the_engine_that_holds_the_prefix_off_does_not(setup: Any
 def test_endpoint_without_a_stream_keeps_approximate_affinity(setup: Any) -> None:
     sim, auto, _, _ = setup
     with ThreadPoolExecutor(8) as pool:  # together: least-request spreads them over the engines
-        list(pool.map(lambda g: post(auto.base_url, "r", g, f"r1-{g}"), range(8)))
+        list(pool.map(lambda g: kvs.post(auto.base_url, "r", g, f"r1-{g}"), range(8)))
     chosen = [served_by(sim, f"r1-{g}") for g in range(8)]
     assert 2 in chosen, chosen  # the unlabelled engine got some (else this test says nothing)
     for g in range(8):
-        post(auto.base_url, "r", g, f"r2-{g}")
+        kvs.post(auto.base_url, "r", g, f"r2-{g}")
     assert [served_by(sim, f"r2-{g}") for g in range(8)] == chosen
 
 
@@ -193,7 +179,7 @@ def test_rust_front_awaits_prepare_and_routes_exactly(setup: Any, rust_auto: har
         kvs.wait_engines_fresh(router, keys)
         fast = metric(router, "kthena_router_front_decisions_total", decision="fast")
         for g in range(GROUPS):
-            post(router.base_url, tag, g, f"rust-{tag}{g}")
+            kvs.post(router.base_url, tag, g, f"rust-{tag}{g}")
         got = [served_by(sim, f"rust-{tag}{g}") for g in range(GROUPS)]
         assert got == want, (tag, got, kvs.engine_view(router, keys),
                              {k: kvs.brief(e) for k, e in ownership(router).items()})
@@ -212,6 +198,6 @@ def test_stopped_stream_falls_back_to_the_approximate_index(setup: Any) -> None:
     # group g of "p" went to engine g % 2 through this router: its dispatch-time inserts
     # keep engine 0's groups there although its stream is gone
     for g in range(0, GROUPS, 2):
-        post(auto.base_url, "p", g, f"down-p{g}")
+        kvs.post(auto.base_url, "p", g, f"down-p{g}")
         assert served_by(sim, f"down-p{g}") == 0, g
     assert metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down") > before

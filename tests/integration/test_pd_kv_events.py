@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
 import pytest
 
 import harness
@@ -70,18 +69,6 @@ def config_docs(ports: list[int], kv_base: int) -> list[dict[str, Any]]:
         eps.append((p, labels, None))
     return [harness.route_doc("pd", "demo", "pd"), pdh.pd_server("pd", {"app": "pd"}, connector="nixl"),
             pdh.endpoints("pd-engines", eps)]
-
-
-def messages(tag: str, g: int) -> list[dict[str, str]]:
-    system = f"You are the assistant of team {tag}-{g}. " + "Answer briefly and cite the house rules. " * 40
-    return [{"role": "system", "content": system}, {"role": "user", "content": "what now?"}]
-
-
-def post(url: str, tag: str, g: int, rid: str) -> None:
-    with httpx.Client(timeout=60) as c:
-        r = c.post(url + "/v1/chat/completions", headers={"x-request-id": rid},
-                   json={"model": "demo", "max_tokens": 2, "messages": messages(tag, g)})
-    assert r.status_code == 200, r.text
 
 
 def hop_engines(sim: harness.Simulator, rid: str) -> tuple[int, int]:
@@ -158,7 +145,7 @@ def warm_directly(sim: harness.Simulator, router: harness.Router, tag: str, engi
     `side` matcher applied each engine's last KV-event batch."""
     for g in range(GROUPS):
         i = engines[g % len(engines)]
-        post(f"http://{harness.HOST}:{sim.ports[i]}", tag, g, f"warm-{tag}{g}")
+        kvs.post(f"http://{harness.HOST}:{sim.ports[i]}", tag, g, f"warm-{tag}{g}")
     for i in engines:
         kvs.wait_table_is_engine_cache(sim, i, lambda i=i: (streams(router, side) or {}).get(keys[i]))
     kvs.wait_rescraped(sim, list(engines))
@@ -172,7 +159,7 @@ def test_prefill_hops_go_to_the_prefill_engine_that_holds_the_prompt(setup: Any)
     kvs.wait_engines_fresh(auto, keys)
     before = metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down")
     for g in range(GROUPS):
-        post(auto.base_url, "p", g, f"auto-p{g}")
+        kvs.post(auto.base_url, "p", g, f"auto-p{g}")
     got = [hop_engines(sim, f"auto-p{g}")[0] for g in range(GROUPS)]
     assert got == want, (got, kvs.engine_view(auto, keys), sides_brief(auto))
     assert metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down") == before
@@ -180,7 +167,7 @@ def test_prefill_hops_go_to_the_prefill_engine_that_holds_the_prompt(setup: Any)
     warm_directly(sim, auto, "q", (0, 1), keys, "prefill")
     kvs.wait_engines_fresh(off, keys)
     for g in range(GROUPS):
-        post(off.base_url, "q", g, f"off-q{g}")
+        kvs.post(off.base_url, "q", g, f"off-q{g}")
     got = [hop_engines(sim, f"off-q{g}")[0] for g in range(GROUPS)]
     assert got != want, (got, pd_view(off))
 
@@ -192,7 +179,7 @@ def test_decode_hops_go_to_the_decode_engine_that_holds_the_prompt(setup: Any) -
     warm_directly(sim, auto, "d", DECODE, keys, "decode")  # a plain request: a decode engine computes it
     kvs.wait_engines_fresh(auto, keys)
     for g in range(GROUPS):
-        post(auto.base_url, "d", g, f"auto-d{g}")
+        kvs.post(auto.base_url, "d", g, f"auto-d{g}")
     got = [hop_engines(sim, f"auto-d{g}")[1] for g in range(GROUPS)]
     assert got == want, (got, kvs.engine_view(auto, keys), sides_brief(auto))
 
@@ -201,10 +188,10 @@ def test_prefill_engine_without_a_stream_keeps_approximate_affinity(setup: Any) 
     sim, auto, _, keys = setup
     kvs.wait_engines_fresh(auto, keys)
     with ThreadPoolExecutor(8) as pool:  # together: least-request spreads them over the engines
-        list(pool.map(lambda g: post(auto.base_url, "r", g, f"r1-{g}"), range(8)))
+        list(pool.map(lambda g: kvs.post(auto.base_url, "r", g, f"r1-{g}"), range(8)))
     chosen = [hop_engines(sim, f"r1-{g}")[0] for g in range(8)]
     assert 2 in chosen, (chosen, pd_view(auto))  # the unlabelled engine got some (else this says nothing)
     kvs.wait_engines_fresh(auto, keys)
     for g in range(8):
-        post(auto.base_url, "r", g, f"r2-{g}")
+        kvs.post(auto.base_url, "r", g, f"r2-{g}")
     assert [hop_engines(sim, f"r2-{g}")[0] for g in range(8)] == chosen, pd_view(auto)
