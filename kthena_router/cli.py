@@ -57,11 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--admin-port", type=int, default=d.admin_port,
                    help="admin server port (/healthz, /readyz, /metrics, /admin/reload)")
     p.add_argument("--workers", type=int, default=d.workers, help="granian worker processes")
-    p.add_argument("--interface", choices=["rsgi", "asgi", "rust"], default=d.interface,
-                   help="granian interface of the workers: rsgi (default, less CPU per request) or asgi; "
-                        "rust: experimental Rust front end per worker (docs/rust-front.md)")
+    p.add_argument("--interface", choices=["auto", "rust", "rsgi", "asgi"], default=d.interface,
+                   help="what serves the public port: rust (a Rust front end per worker, docs/rust-front.md), "
+                        "rsgi or asgi (granian); auto (default): rust unless the router configuration has "
+                        "auth or fair queuing, then rsgi")
     p.add_argument("--front-threads", type=int, default=d.front_threads,
-                   help="--interface rust: tokio threads of each worker's front end")
+                   help="--interface rust (or auto choosing it): tokio threads of each worker's front end")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
                    help="larger request bodies get 413")
     p.add_argument("--drain-grace-s", "--drain-grace", dest="drain_grace_s", type=float,

@@ -51,11 +51,12 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Admin server port (Kthena's router uses 15000 for its debug/admin port)."""
     workers: int = 1
     """Number of granian worker processes."""
-    interface: str = "rsgi"
-    """granian interface of the workers: rsgi (granian's native protocol, less CPU per
-    request) or asgi (the same app through granian's ASGI bridge); docs/overhead.md.
-    `rust` (experimental, docs/rust-front.md): each worker serves the public port from a
-    Rust front end; granian runs the full app (RSGI) on a unix socket for the slow path."""
+    interface: str = "auto"
+    """What serves the public port. `rust` (docs/rust-front.md): each worker's Rust front
+    end; granian runs the full app (RSGI) on a unix socket for the slow path. `rsgi`
+    (granian's native protocol) or `asgi` (its ASGI bridge): granian on the port
+    (docs/overhead.md). `auto`: rust, or rsgi when the startup router configuration has
+    auth or fair queuing (front/choice.py)."""
     front_threads: int = 1
     """--interface rust: tokio threads of each worker's front end."""
     max_body_bytes: int = 32 * 1024 * 1024
@@ -185,12 +186,12 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise SettingsError(f"{name} must be in 1..65535, got {value}")
         if self.workers < 1:
             raise SettingsError(f"workers must be >= 1, got {self.workers}")
-        if self.interface not in ("rsgi", "asgi", "rust"):
-            raise SettingsError(f"interface must be rsgi, asgi or rust, got {self.interface!r}")
+        if self.interface not in ("auto", "rsgi", "asgi", "rust"):
+            raise SettingsError(f"interface must be auto, rsgi, asgi or rust, got {self.interface!r}")
         if self.front_threads < 1:
             raise SettingsError(f"front_threads must be >= 1, got {self.front_threads}")
-        if self.front_threads != 1 and self.interface != "rust":
-            raise SettingsError("front_threads (--front-threads) applies to --interface rust only")
+        if self.front_threads != 1 and self.interface not in ("rust", "auto"):
+            raise SettingsError("front_threads (--front-threads) applies to --interface rust (or auto) only")
         if self.upstream_pool_size < 1:
             raise SettingsError(f"upstream_pool_size must be >= 1, got {self.upstream_pool_size}")
         if self.max_body_bytes < 1:

@@ -31,6 +31,7 @@ from typing import Any
 
 from kthena_router import worker_status
 from kthena_router.config.model import RouterConfig
+from kthena_router.front.choice import resolve_interface
 from kthena_router.settings import PROMETHEUS_SUBDIR, RouterSettings
 
 log = logging.getLogger(__name__)
@@ -278,6 +279,7 @@ def _process_name(settings: RouterSettings) -> str | None:
 
 def run(settings: RouterSettings, initial_config: RouterConfig | None, on_view: Sequence[Any] = ()) -> int:
     """Prepare the runtime dir, run the router, clean up; returns the exit code."""
+    settings = resolve_interface(settings)
     check_port_free(settings.host, settings.port, "listen address")
     check_port_free(settings.admin_host, settings.admin_port, "admin address")
     resolved, created = prepare_runtime_dir(settings)

@@ -1,10 +1,11 @@
-"""Settings of the experimental Rust front end (--interface rust, docs/rust-front.md)."""
+"""Settings of the Rust front end (--interface rust / auto, docs/rust-front.md)."""
 
 from __future__ import annotations
 
 import pytest
 
 from kthena_router.cli import build_parser, settings_from_args
+from kthena_router.front.choice import resolve_interface
 from kthena_router.settings import RouterSettings, SettingsError
 
 
@@ -17,9 +18,33 @@ def test_rust_interface_and_its_threads() -> None:
 
 
 def test_front_threads_without_the_rust_interface_is_refused() -> None:
-    with pytest.raises(SettingsError, match="--interface rust only"):
-        RouterSettings(config_path="c.yaml", front_threads=2).validate()
+    with pytest.raises(SettingsError, match="--interface rust \\(or auto\\) only"):
+        RouterSettings(config_path="c.yaml", interface="rsgi", front_threads=2).validate()
+    RouterSettings(config_path="c.yaml", front_threads=2).validate()  # auto may choose rust
     with pytest.raises(SettingsError, match="front_threads must be >= 1"):
         RouterSettings(config_path="c.yaml", interface="rust", front_threads=0).validate()
-    with pytest.raises(SettingsError, match="rsgi, asgi or rust"):
+    with pytest.raises(SettingsError, match="auto, rsgi, asgi or rust"):
         RouterSettings(config_path="c.yaml", interface="h3").validate()
+
+
+def _resolved(tmp_path, text: str | None) -> str:
+    path = ""
+    if text is not None:
+        f = tmp_path / "router.yaml"
+        f.write_text(text)
+        path = str(f)
+    return resolve_interface(RouterSettings(config_path="c.yaml", router_config_path=path)).interface
+
+
+def test_auto_is_the_default_and_picks_the_front_unless_every_request_would_go_slow(tmp_path) -> None:
+    assert RouterSettings(config_path="c.yaml").interface == "auto"
+    assert build_parser().parse_args(["--config", "c.yaml"]).interface == "auto"
+    assert _resolved(tmp_path, None) == "rust"
+    assert _resolved(tmp_path, "scheduler:\n  plugins:\n    Score:\n      enabled:\n"
+                               "      - {name: prefix-cache, weight: 1}\n") == "rust"
+    assert _resolved(tmp_path, "fairness:\n  enabled: false\n") == "rust"
+    assert _resolved(tmp_path, "fairness: {}\n") == "rsgi"
+    (tmp_path / "keys.yaml").write_text("keys: []\n")
+    assert _resolved(tmp_path, "auth:\n  apiKeysFile: keys.yaml\n") == "rsgi"
+    explicit = RouterSettings(config_path="c.yaml", interface="asgi")
+    assert resolve_interface(explicit) is explicit
