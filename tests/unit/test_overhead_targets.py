@@ -68,3 +68,14 @@ def test_paired_cells_decide_the_low_concurrency_latency_checks() -> None:
     other_run = [dict(c, repeat=1) for c in paired]
     checks = targets(cells, ["ours"], [1, 16], paired=other_run)["per_run"][0]["ours"]
     assert checks["issue8_added_p99_lo_stream_le_2x_vllm"] is True
+
+
+def test_the_tail_checks_cover_non_streamed_requests_too() -> None:
+    cells = run_cells(0, 29.0, 0.5, 1000)
+    for c in cells:
+        if c["target"] == "ours" and c["mode"] == "plain" and c["concurrency"] == 16:
+            c["latency_ms"]["p99"] = 31.0  # adds 21 > 2 x sglang's 10
+    checks = targets(cells, ["ours"], [1, 16])["per_run"][0]["ours"]
+    assert checks["issue8_added_p99_hi_stream_le_2x_sglang"] is True
+    assert checks["issue8_added_p99_hi_plain_le_2x_sglang"] is False
+    assert checks["issue8_added_p99_lo_plain_le_2x_vllm"] is True
