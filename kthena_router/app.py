@@ -259,7 +259,7 @@ def create_app(settings: RouterSettings | None = None) -> RouterApp:
             access_log.start()
         tasks.append(loop.create_task(loop_lag.run()))
         front = None
-        if settings.interface == "rust":  # experimental: docs/rust-front.md
+        if settings.interface == "rust":  # docs/rust-front.md
             from kthena_router.front.bridge import RustFront
 
             front = RustFront(settings, forwarder)

@@ -2,7 +2,7 @@
 
 As ASGI it is a plain ASGI callable (lifespan included) that any ASGI server can mount.
 granian finds `__rsgi__` (and the `__rsgi_init__` / `__rsgi_del__` hooks) when the router
-runs with `--interface rsgi` (the default): proxied requests then go from granian's RSGI
+runs with `--interface rsgi` (or behind the Rust front end, on its unix socket): proxied requests then go from granian's RSGI
 protocol straight to the Forwarder's Downstream (proxy/downstream.py), without ASGI
 message dicts. The few other requests (/v1/models, 404s) take a small RSGI -> ASGI
 bridge into the same starlette app; the lifespan runs through granian's own ASGI

@@ -1,1 +1,1 @@
-"""The experimental Rust front end (--interface rust): docs/rust-front.md."""
+"""The Rust front end (--interface rust, auto's usual choice): docs/rust-front.md."""
