@@ -1,6 +1,7 @@
-"""`--interface rust` (docs/rust-front.md): the Rust front end relays plain completions
-itself (fast path) and hands everything else to the full app on granian's unix socket
-(slow path). Two workers (the front ends share the port with SO_REUSEPORT). The
+"""The Rust front end (docs/rust-front.md), which `--interface auto` (the default, not
+passed here) chooses for this configuration: it relays plain completions itself (fast
+path) and hands everything else to the full app on granian's unix socket (slow path).
+Two workers (the front ends share the port with SO_REUSEPORT). The
 interface-specific behaviours (disconnects, refusals, admission, access log) also run on
 `rust` in test_proxy_interfaces.py."""
 
@@ -33,7 +34,7 @@ def setup(simulator_session: harness.Simulator,
     governed["spec"]["rateLimit"] = {"inputTokensPerUnit": 10 ** 9, "unit": "hour"}
     docs.insert(1, governed)
     config = harness.write_config(work / "router.yaml", docs)
-    router = harness.start_router(config, work, workers=2, extra_args=["--interface", "rust"])
+    router = harness.start_router(config, work, workers=2)  # auto: rate limits do not keep it off the front
     try:
         yield router, dead
     finally:
@@ -238,3 +239,20 @@ def test_5xx_and_garbage_are_retried_4xx_passed_through(setup: tuple[harness.Rou
     assert sum(simulator.received()) == 1
     harness.wait_until(lambda: harness.metric_value(_metrics(router), "kthena_router_requests_total",
                                                     error_type="upstream_4xx") >= 1, 10, what="the 4xx counted")
+
+
+def test_auto_keeps_granian_on_the_port_when_fair_queuing_would_send_everything_slow(
+        simulator: harness.Simulator, tmp_path: Path) -> None:
+    config = harness.write_config(tmp_path / "router.yaml", harness.engine_config(simulator.ports))
+    rc = tmp_path / "router-config.yaml"
+    rc.write_text("fairness:\n  saturation: {maxInFlightPerEndpoint: 64}\n")
+    router = harness.start_router(config, tmp_path, extra_args=["--router-config", str(rc)])
+    try:
+        reply = router.openai().chat.completions.create(model="demo", messages=MSGS, max_tokens=3)
+        assert reply.usage.completion_tokens == 3
+        text = router.metrics_text()
+        assert "kthena_router_fairness_admitted_total" in text  # the gate saw it
+        assert DECISIONS not in text, "auto chose the Rust front although fair queuing is on"
+        assert not (router.runtime_dir / "granian.sock").exists()
+    finally:
+        router.stop()
