@@ -66,6 +66,19 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.05, what: str
         time.sleep(interval)
 
 
+def metrics_when(router: "Router", predicate: Any, timeout: float = 10.0) -> Any:
+    """The router's parsed metrics once predicate(families) holds, else the last scrape (the
+    caller's assertions then show what was there). The Rust front end reports a request
+    to Python just after the client has the reply (docs/rust-front.md), so counters of a
+    request that just ended are eventually, not immediately, there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fams = parse_metrics(router.metrics_text())
+        if predicate(fams) or time.monotonic() >= deadline:
+            return fams
+        time.sleep(0.05)
+
+
 # --- processes -------------------------------------------------------------------------
 
 _LIVE: list["ManagedProcess"] = []

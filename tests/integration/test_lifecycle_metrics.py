@@ -46,7 +46,8 @@ def test_metrics_aggregate_workers(router: harness.Router, simulator: harness.Si
         assert r.status_code == 200, r.text
         completion_tokens += r.json()["usage"]["completion_tokens"]
 
-    fams = harness.parse_metrics(router.metrics_text())
+    fams = harness.metrics_when(router, lambda f: harness.metric_value(f, REQUESTS, **ok) - before_total >= n
+                                and harness.metric_value(f, "kthena_router_active_downstream_requests") == 0)
     assert harness.metric_value(fams, REQUESTS, **ok) - before_total == n
     assert harness.metric_value(fams, TOKENS, model="demo", token_type="output") - before_out == completion_tokens
     assert sum(simulator.received()) == n

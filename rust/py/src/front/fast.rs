@@ -271,7 +271,7 @@ async fn attempt(shared: &Arc<Shared>, plan: &Plan, i: usize, deadline: Option<I
         let mut conn = match shared.pool.acquire(addr, connect, wait, fresh).await {
             Ok(c) => c,
             Err(AcquireError::Timeout) => {
-                return Step::Fail(F_TIMEOUT, format!("connect to {addr} within {}s", connect.as_secs_f64()))
+                return Step::Fail(F_TIMEOUT, format!("connect timeout ({}s)", connect.as_secs_f64()))
             }
             Err(AcquireError::Connect(m)) => return Step::Fail(F_CONNECT, m),
             Err(AcquireError::Exhausted(n)) => {

@@ -82,14 +82,15 @@ impl Pool {
         };
         let stream = match tokio::time::timeout(connect, TcpStream::connect(addr)).await {
             Err(_) => return Err(AcquireError::Timeout),
-            Ok(Err(e)) => return Err(AcquireError::Connect(format!("cannot connect to {addr}: {e}"))),
+            // Client-facing text (as proxy/upstream.py's): no address of an engine in it.
+            Ok(Err(e)) => return Err(AcquireError::Connect(format!("connection failed ({:?})", e.kind()))),
             Ok(Ok(s)) => s,
         };
         let _ = stream.set_nodelay(true);
         let (sender, conn) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| AcquireError::Connect(format!("handshake with {addr}: {e}")))?;
+            .map_err(|e| AcquireError::Connect(format!("connection failed (handshake: {e})")))?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
