@@ -218,7 +218,9 @@ class PdDispatcher:
                     await ptask
             return dres
         finally:
-            for task in (ptask, dtask):
+            # the decode first: its engine then records the client's abort, not a KV transfer
+            # that failed because the prefill went first
+            for task in (dtask, ptask):
                 if not task.done():
                     task.cancel()
             # bounded: a running prefill ends at its own deadline; cancelled tasks end now

@@ -88,6 +88,9 @@ impl Body for ReqBody {
 }
 
 /// An OpenAI-style error body.
+/// A client's request body that ended early or had broken chunked framing.
+pub const BAD_BODY: &str = "request body incomplete or malformed (invalid chunked framing or connection closed)";
+
 pub fn error_json(status: u16, message: &str, code: serde_json::Value) -> Bytes {
     let kind = match status {
         400 => "BadRequestError",

@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use super::body::{error_json, ReqBody, RespBody};
+use super::body::{error_json, ReqBody, RespBody, BAD_BODY};
 use super::{fast, slow, Decision, Event, Shared};
 
 pub const FAST_PATHS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
@@ -104,8 +104,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
                 let msg = format!("request body exceeds the router's limit ({} bytes)", shared.max_body);
                 return Ok(json(StatusCode::PAYLOAD_TOO_LARGE, error_json(413, &msg, 413.into())));
             }
-            let msg = "request body incomplete or malformed (invalid chunked framing or connection closed)";
-            return Ok(json(StatusCode::BAD_REQUEST, error_json(400, msg, 400.into())));
+            return Ok(json(StatusCode::BAD_REQUEST, error_json(400, BAD_BODY, 400.into())));
         }
     };
     let (tx, rx) = oneshot::channel();

@@ -15,7 +15,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
-use super::body::{error_json, BoxError, ReqBody, RespBody};
+use super::body::{error_json, BoxError, ReqBody, RespBody, BAD_BODY};
 use super::Shared;
 
 const MAX_IDLE: usize = 64;
@@ -75,15 +75,40 @@ impl Body for RelayBody {
     }
 }
 
-fn unavailable(what: &str) -> Response<RespBody> {
-    let mut r = Response::new(RespBody::full(error_json(503, &format!("router worker unavailable ({what})"), 503.into())));
-    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+fn error(status: StatusCode, message: &str) -> Response<RespBody> {
+    let code = status.as_u16();
+    let mut r = Response::new(RespBody::full(error_json(code, message, code.into())));
+    *r.status_mut() = status;
     r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
 }
 
+fn unavailable(what: &str) -> Response<RespBody> {
+    error(StatusCode::SERVICE_UNAVAILABLE, &format!("router worker unavailable ({what})"))
+}
+
+/// How long a request waits for granian's socket to listen: the front accepts from the
+/// worker's lifespan on, granian listens on the socket only once the lifespan has run
+/// (and again after a respawn), so the first requests can arrive before it does.
+const LISTEN_WAIT: Duration = Duration::from_secs(5);
+
+async fn connect_uds(shared: &Shared) -> Result<UnixStream, String> {
+    let deadline = tokio::time::Instant::now() + LISTEN_WAIT;
+    loop {
+        match UnixStream::connect(&shared.uds_path).await {
+            Ok(s) => return Ok(s),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound)
+                && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
 async fn connect(shared: &Shared) -> Result<SendRequest<ReqBody>, String> {
-    let stream = UnixStream::connect(&shared.uds_path).await.map_err(|e| e.to_string())?;
+    let stream = connect_uds(shared).await?;
     let (sender, conn) = http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
     tokio::spawn(async move {
         let _ = conn.await;
@@ -120,7 +145,15 @@ pub async fn forward(shared: &Arc<Shared>, mut req: Request<ReqBody>) -> Respons
                     req = back;
                     reused = false;
                 }
-                _ => return unavailable(&err.into_error().to_string()),
+                _ => {
+                    let e = err.into_error();
+                    // the client's body failed while it was relayed (cut short, bad chunking):
+                    // the client's fault, not the worker's
+                    if e.is_user() {
+                        return error(StatusCode::BAD_REQUEST, BAD_BODY);
+                    }
+                    return unavailable(&e.to_string());
+                }
             },
         }
     }
