@@ -327,7 +327,7 @@ class FairQueue:
         """(ticket, class_id, tenant) of every waiter, in arrival order."""
 
 class Front:
-    """One worker's experimental Rust front end (`--interface rust`, rust/py/src/front/,
+    """One worker's Rust front end (`--interface rust`, auto's usual choice, rust/py/src/front/,
     docs/rust-front.md): an HTTP/1.1 server on host:port (SO_REUSEPORT, TCP_NODELAY) on its own
     tokio runtime (`threads`). Chat/text completions queue a decision for Python; everything
     else, and every request Python sends down the slow path, goes unchanged to granian's
@@ -344,7 +344,8 @@ class Front:
         asks for a decision; (1, id, status, error, attempts: [(index, failure)], duration_s, ttft_s,
         attempt_ttft_s, tpot_s, prompt_tokens, completion_tokens, events) reports a finished fast-path
         request (floats < 0 and ints < 0: unknown; codes in rust/py/src/front/fast.rs); (2, id, attempts)
-        when a stream's first event reached the client (the last attempt answers)."""
+        when a stream's first event reached the client (the last attempt answers); (3, id, endpoint
+        index, events) every second of a running stream: its events since the last such report."""
     def fast(self, id: int, addrs: list[str], hosts: list[str], target: str, headers: bytes, body: bytes,
              stream: bool, hide_usage: bool, timeouts: tuple[float, float, float, float, float, float, float],
              max_buffered: int, request_id: str) -> bool:

@@ -50,8 +50,10 @@ class RustFront:
                     fast.decide(ev[1], ev[2], ev[3], ev[4], ev[5])
                 elif kind == 1:
                     fast.done(*ev[1:])
-                else:
+                elif kind == 2:
                     fast.first_byte(ev[1], ev[2])
+                else:
+                    fast.progress(ev[1], ev[2], ev[3])
             except Exception:
                 log.exception("rust front: event %d of request %d failed", ev[0], ev[1])
                 if ev[0] == 0:

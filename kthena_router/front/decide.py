@@ -54,7 +54,7 @@ class _Live:
     `finished` how many attempts have their outcome recorded."""
 
     __slots__ = ("order", "info", "pending", "begun", "answered", "finished", "downstream", "gauge", "model",
-                 "path_label", "route_label", "server_label", "request_id", "stream")
+                 "path_label", "route_label", "server_label", "request_id", "stream", "counted")
 
     def __init__(self, order: list[EndpointState], info: RequestInfo | None, pending: Any, downstream: Any,
                  gauge: Any, model: str, path_label: str, route_label: str, server_label: str, request_id: str,
@@ -73,6 +73,7 @@ class _Live:
         self.server_label = server_label
         self.request_id = request_id
         self.stream = stream
+        self.counted = 0  # output events already counted per endpoint while the stream ran
 
 
 def _host_header(ep: EndpointState) -> tuple[str, str]:
@@ -288,6 +289,16 @@ class FastPath:
         live.order[k].health.first_byte(self._pending(live, k))
         live.answered = True
 
+    def progress(self, rid: int, endpoint: int, events: int) -> None:
+        """A running stream's events since its last report count as output tokens of its
+        endpoint now (the final usage settles the count at its end, as relay_sse.py does)."""
+        live = self.live.get(rid)
+        if live is None or not 0 <= endpoint < len(live.order):
+            return
+        live.counted += events
+        signal = self.metrics._signal_families()[0]
+        self.batch.add(self.metrics._child(signal, (live.server_label, live.order[endpoint].key, "output")), events)
+
     def done(self, rid: int, status: int, error: int, attempts: list[tuple[int, int]], duration: float,
              ttft: float, att_ttft: float, tpot: float, prompt: int, completion: int, events: int) -> None:
         live = self.live.pop(rid, None)
@@ -335,7 +346,8 @@ class FastPath:
                 batch.add(child(signal, (live.server_label, endpoint, "input")), p)
             if c:
                 batch.add(child(metrics.tokens, (model, path_label, "output")), c)
-                batch.add(child(signal, (live.server_label, endpoint, "output")), c)
+                if c > live.counted:
+                    batch.add(child(signal, (live.server_label, endpoint, "output")), c - live.counted)
             if live.info is not None and p:
                 balancer.observe_prompt_tokens(live.info, p)
         if tpot >= 0:

@@ -60,7 +60,7 @@ pub struct Plan {
 /// abandoned (the service future dropped) is reported too.
 pub struct Outcome {
     shared: Arc<Shared>,
-    id: u64,
+    pub id: u64,
     t0: Instant,
     att_t0: Instant,
     pub status: u16,

@@ -37,6 +37,9 @@ pub enum Event {
     Decide { id: u64, path: String, query: Vec<u8>, headers: Vec<(String, String)>, body: Bytes },
     /// A stream's first event is in hand (its attempts so far; the last one answers).
     FirstByte { id: u64, attempts: Vec<(u32, u8)> },
+    /// A running stream's events since its last progress report (the attempt's endpoint
+    /// index): output counted while it runs, as proxy/relay_sse.py does.
+    Progress { id: u64, endpoint: u32, events: u64 },
     Done {
         id: u64,
         status: u16,
@@ -204,7 +207,8 @@ impl Front {
 
     /// Every queued event, oldest first: `(0, id, path, query, headers, body)` for a decision,
     /// `(1, id, status, error, attempts, duration, ttft, att_ttft, tpot, prompt, completion, events)`
-    /// for a finished fast-path request, `(2, id, attempts)` when a stream's first event is in hand.
+    /// for a finished fast-path request, `(2, id, attempts)` when a stream's first event is in hand,
+    /// `(3, id, endpoint, events)` every `stream::COUNT_INTERVAL` of a running stream.
     fn drain<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.shared.notified.store(false, Ordering::Release);
         let events = std::mem::take(&mut *self.shared.events.lock().unwrap_or_else(|e| e.into_inner()));
@@ -223,6 +227,12 @@ impl Front {
                     2u8.into_pyobject(py)?.into_any(),
                     id.into_pyobject(py)?.into_any(),
                     attempts.into_pyobject(py)?.into_any(),
+                ])?,
+                Event::Progress { id, endpoint, events } => PyTuple::new(py, [
+                    3u8.into_pyobject(py)?.into_any(),
+                    id.into_pyobject(py)?.into_any(),
+                    endpoint.into_pyobject(py)?.into_any(),
+                    events.into_pyobject(py)?.into_any(),
                 ])?,
                 Event::Done { id, status, error, attempts, duration, ttft, att_ttft, tpot, prompt, completion, events } => {
                     PyTuple::new(py, [

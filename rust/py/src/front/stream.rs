@@ -33,7 +33,7 @@ use super::fast::{
 };
 use super::pool::Conn;
 use super::sse::SseObserver;
-use super::Shared;
+use super::{Event, Shared};
 
 /// The most bytes merged into one client write.
 const COALESCE_MAX: usize = 64 * 1024;
@@ -135,7 +135,13 @@ pub struct SseBody {
     t_first: Instant,
     t_last: Instant,
     done: bool,
+    /// events already reported as progress, and when the next report is due
+    counted: u64,
+    count_at: Instant,
 }
+
+/// How often a running stream's output is reported (proxy/relay_sse.py's COUNT_INTERVAL_S).
+pub const COUNT_INTERVAL: Duration = Duration::from_secs(1);
 
 fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
     match (a, b) {
@@ -179,7 +185,23 @@ impl SseBody {
             t_first: now,
             t_last: now,
             done: false,
+            counted: 0,
+            count_at: now + COUNT_INTERVAL,
         }
+    }
+
+    /// The events since the last report, to Python (a minutes-long generation's tokens
+    /// reach the per-endpoint token counter every second, not only at its end).
+    fn report_progress(&mut self, now: Instant) {
+        self.count_at = now + COUNT_INTERVAL;
+        let Some(out) = self.out.as_ref() else { return };
+        let n = self.obs.events.saturating_sub(self.counted);
+        if n == 0 {
+            return;
+        }
+        self.counted = self.obs.events;
+        let endpoint = out.attempts.last().map_or(0, |a| a.0);
+        self.shared.push(Event::Progress { id: out.id, endpoint, events: n });
     }
 
     /// The stream is complete: usage and TPOT to the outcome, the connection back to the pool.
@@ -301,6 +323,8 @@ impl Body for SseBody {
                             this.held.hold(out);
                             if this.obs.ended {
                                 this.finish(false);
+                            } else if now >= this.count_at {
+                                this.report_progress(now);
                             }
                         }
                     }
