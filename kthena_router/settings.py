@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -20,7 +21,8 @@ SETTINGS_ENV = "KTHENA_ROUTER_SETTINGS"
 PROMETHEUS_SUBDIR = "prometheus"
 RELOAD_TRIGGER_NAME = "reload-trigger"
 DRAIN_MARKER_NAME = "draining"
-FRONT_SOCKET_NAME = "granian.sock"  # --interface rust
+FRONT_SOCKET_NAME = "granian.sock"
+MAX_UNIX_PATH = 100  # sun_path is 108 bytes on Linux  # --interface rust
 KUBE_CONFIG_NAME = "kubernetes-config.yaml"  # Kubernetes mode: the config the supervisor renders
 DEFAULT_LEASE_NAME = "kthena-router"
 # In a pod: the downward API (configs/deploy/router/base/deployment.yaml) and the mounted token's namespace.
@@ -134,10 +136,21 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prefix-index inserts once per pod, docs/pod-state.md); "off": every worker on its own."""
     pod_state_socket: str = ""
     """The hub's unix socket; set by the supervisor when it starts a hub (empty: no hub)."""
+    front_socket: str = ""
+    """--interface rust: granian's unix socket when <runtime_dir>/granian.sock is too long
+    for a unix socket path; set by the supervisor (empty: that default)."""
     app_factory: str = "kthena_router.app:create_app"
     """granian target (module:factory) of the workers; changed only by tests of the supervisor."""
 
     # --- derived helpers -------------------------------------------------------------
+
+    def socket_in_runtime_dir(self, name: str) -> str:
+        """<runtime_dir>/<name>, or <name> in a private short directory when that path is
+        too long for a unix socket (a deep runtime dir)."""
+        path = str(Path(self.runtime_dir) / name)
+        if len(path.encode()) > MAX_UNIX_PATH:
+            path = str(Path(tempfile.mkdtemp(prefix="ktr-")) / name)
+        return path
 
     def resolved(self) -> "RouterSettings":
         """Copy with absolute paths and defaults that depend on runtime_dir filled in."""
@@ -227,6 +240,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     @property
     def front_socket_path(self) -> str:
         """--interface rust: granian's unix socket (the full app, the front's slow path)."""
+        if self.front_socket:
+            return self.front_socket
         return str(Path(self.runtime_dir) / FRONT_SOCKET_NAME) if self.runtime_dir else ""
 
     @property

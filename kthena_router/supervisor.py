@@ -29,10 +29,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from kthena_router import worker_status
 from kthena_router.config.model import RouterConfig
 from kthena_router.front.choice import resolve_interface
-from kthena_router.settings import PROMETHEUS_SUBDIR, RouterSettings
+from kthena_router.settings import FRONT_SOCKET_NAME, PROMETHEUS_SUBDIR, RouterSettings
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +157,7 @@ class Supervisor:
     def run(self) -> int:
         from kthena_router.podstate.process import HubProcess, with_hub_socket
 
-        settings = self.settings = with_hub_socket(self.settings)
+        settings = self.settings = _with_front_socket(with_hub_socket(self.settings))
         # Before anything imports prometheus_client: it picks file-backed values at import.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = settings.prometheus_dir
         # The startup check of --router-config may have imported prometheus_client already (in
@@ -266,6 +268,14 @@ class Supervisor:
             Path(self.settings.drain_marker_path).touch()
         except OSError:
             pass
+
+
+def _with_front_socket(settings: RouterSettings) -> RouterSettings:
+    """--interface rust: granian's socket, in a short private dir if the runtime dir is deep."""
+    if settings.interface != "rust" or not settings.runtime_dir:
+        return settings
+    path = settings.socket_in_runtime_dir(FRONT_SOCKET_NAME)
+    return settings if path == settings.front_socket_path else msgspec.structs.replace(settings, front_socket=path)
 
 
 def _process_name(settings: RouterSettings) -> str | None:

@@ -18,7 +18,6 @@ log = logging.getLogger(__name__)
 
 SOCKET_NAME = "pod-state.sock"
 PID_NAME = "pod-state-hub.pid"
-_MAX_UNIX_PATH = 100  # sun_path is 108 bytes on Linux
 
 
 def with_hub_socket(settings: RouterSettings) -> RouterSettings:
@@ -26,10 +25,7 @@ def with_hub_socket(settings: RouterSettings) -> RouterSettings:
     --pod-state auto); unchanged otherwise: one worker keeps everything in-process."""
     if settings.workers < 2 or settings.pod_state != "auto" or not settings.runtime_dir:
         return settings
-    path = str(Path(settings.runtime_dir) / SOCKET_NAME)
-    if len(path.encode()) > _MAX_UNIX_PATH:  # a deep runtime dir: a private short dir instead
-        path = str(Path(tempfile.mkdtemp(prefix="ktr-")) / SOCKET_NAME)
-    return msgspec.structs.replace(settings, pod_state_socket=path)
+    return msgspec.structs.replace(settings, pod_state_socket=settings.socket_in_runtime_dir(SOCKET_NAME))
 
 
 class HubProcess:

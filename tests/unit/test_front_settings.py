@@ -48,3 +48,15 @@ def test_auto_is_the_default_and_picks_the_front_unless_every_request_would_go_s
     assert _resolved(tmp_path, "auth:\n  apiKeysFile: keys.yaml\n") == "rsgi"
     explicit = RouterSettings(config_path="c.yaml", interface="asgi")
     assert resolve_interface(explicit) is explicit
+
+
+def test_granian_socket_moves_to_a_short_dir_when_the_runtime_dir_is_deep(tmp_path) -> None:
+    from kthena_router.supervisor import _with_front_socket
+
+    shallow = RouterSettings(config_path="c.yaml", interface="rust", runtime_dir=str(tmp_path))
+    assert _with_front_socket(shallow).front_socket_path == str(tmp_path / "granian.sock")
+    deep = RouterSettings(config_path="c.yaml", interface="rust", runtime_dir=str(tmp_path / ("d" * 120)))
+    path = _with_front_socket(deep).front_socket_path
+    assert path.endswith("/granian.sock") and len(path.encode()) <= 100
+    rsgi = RouterSettings(config_path="c.yaml", interface="rsgi", runtime_dir=str(tmp_path / ("d" * 120)))
+    assert _with_front_socket(rsgi) is rsgi
