@@ -147,6 +147,8 @@ class RouterMetrics:
             "stallFactor x the endpoint's recent TTFT) (each counts as one failure)",
             ["endpoint"], registry=reg)
         self._children: dict[tuple[Any, ...], Any] = {}
+        # changes when children are dropped (prune_endpoints): caches of children start over
+        self.generation = 0
         self._families: dict[int, tuple[Any, int]] = {}  # id -> (family, index of its endpoint label or -1)
         # the scheduler's per-request writes go here when set (front/batch.py MetricBatch:
         # merged, written once per loop iteration); else at once
@@ -245,6 +247,7 @@ class RouterMetrics:
     def prune_endpoints(self, endpoints: set[str]) -> None:
         """Drop every label child whose `endpoint` label is one of `endpoints` (gone from
         the config); see the module docstring for multiprocess mode."""
+        self.generation += 1
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # multiprocess: in-process removal only
             for key in list(self._children):

@@ -15,6 +15,8 @@ import asyncio
 from bisect import bisect_left
 from typing import Any
 
+from kthena_router.front.mpvalues import write_values
+
 
 class MetricBatch:
     """Counter/gauge deltas and histogram observations, written by `flush`."""
@@ -57,30 +59,35 @@ class MetricBatch:
         one inc of its sum and one per bucket hit (what `observe` writes, merged)."""
         self.scheduled = False
         deltas, observed = self.deltas, self.observed
+        todo: list[tuple[Any, float]] = []
         if deltas:
             self.deltas = {}
-            for child, value in deltas.items():
-                if value:
-                    child.inc(value)
+            todo = [(child._value, value) for child, value in deltas.items() if value]
         if observed:
             self.observed = {}
             for child, values in observed.items():
-                _observe_all(child, values)
+                _observe_all(child, values, todo)
+        if todo:
+            write_values(todo)
 
 
-def _observe_all(child: Any, values: list[float]) -> None:
-    if len(values) == 1:
-        child.observe(values[0])
-        return
+def _observe_all(child: Any, values: list[float], todo: list[tuple[Any, float]]) -> None:
+    """A histogram child's observations as value increments (Histogram.observe, merged)."""
     bounds = child._upper_bounds  # prometheus_client Histogram: sorted, ends with +Inf
     buckets = child._buckets
+    if len(values) == 1:
+        v = values[0]
+        todo.append((child._sum, v))
+        if v == v:  # NaN lands in no bucket (Histogram.observe's `amount <= bound`)
+            todo.append((buckets[bisect_left(bounds, v)], 1.0))
+        return
     hits: dict[int, int] = {}
     total = 0.0
     for v in values:
         total += v
-        if v == v:  # NaN lands in no bucket (Histogram.observe's `amount <= bound`)
+        if v == v:
             i = bisect_left(bounds, v)
             hits[i] = hits.get(i, 0) + 1
-    child._sum.inc(total)
+    todo.append((child._sum, total))
     for i, n in hits.items():
-        buckets[i].inc(n)
+        todo.append((buckets[i], float(n)))

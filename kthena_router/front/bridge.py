@@ -43,22 +43,25 @@ class RustFront:
         except (BlockingIOError, InterruptedError):
             pass
         fast = self.fast
-        for ev in self._events():
-            try:
-                kind = ev[0]
-                if kind == 0:
-                    fast.decide(ev[1], ev[2], ev[3], ev[4], ev[5])
-                elif kind == 1:
-                    fast.done(*ev[1:])
-                elif kind == 2:
-                    fast.first_byte(ev[1], ev[2])
-                else:
-                    fast.progress(ev[1], ev[2], ev[3])
-            except Exception:
-                log.exception("rust front: event %d of request %d failed", ev[0], ev[1])
-                if ev[0] == 0:
-                    self.core.slow(ev[1])
-        fast.flush()
+        fast.batch.scheduled = True  # the flush below writes this wake-up's changes: no call_soon
+        try:
+            for ev in self._events():
+                try:
+                    kind = ev[0]
+                    if kind == 0:
+                        fast.decide(ev[1], ev[2], ev[3], ev[4], ev[5])
+                    elif kind == 1:
+                        fast.done(*ev[1:])
+                    elif kind == 2:
+                        fast.first_byte(ev[1], ev[2])
+                    else:
+                        fast.progress(ev[1], ev[2], ev[3])
+                except Exception:
+                    log.exception("rust front: event %d of request %d failed", ev[0], ev[1])
+                    if ev[0] == 0:
+                        self.core.slow(ev[1])
+        finally:
+            fast.flush()
 
     def _events(self) -> Iterator[tuple[Any, ...]]:
         """Queued events; what arrives while these are handled is handled in the same wake."""

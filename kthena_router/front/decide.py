@@ -27,12 +27,14 @@ from kthena_router.endpoints.health import Failure
 from kthena_router.endpoints.registry import EndpointState
 from kthena_router.errors import ERROR_TYPES, RequestError
 from kthena_router.front.batch import MetricBatch
+from kthena_router.front.plan_cache import PlanCache, ServerPlan
+from kthena_router.front.report_children import ReportCache
 from kthena_router.identity.model import ANONYMOUS
 from kthena_router.proxy.body import needs_usage_injection, parse_body, rewrite
 from kthena_router.proxy.executor import with_fallbacks
 from kthena_router.proxy.forward import Forwarder
 from kthena_router.proxy.headers import RequestHeaders
-from kthena_router.proxy.paths import request_line, resolve
+from kthena_router.proxy.paths import resolve
 from kthena_router.routing.table import ExternalMatch, RouteMatch, RouteNotFound
 from kthena_router.scheduling.request import RequestInfo
 from kthena_router.state import RouterState
@@ -57,7 +59,7 @@ class _Live:
                  "path_label", "route_label", "server_label", "request_id", "stream", "counted")
 
     def __init__(self, order: list[EndpointState], info: RequestInfo | None, pending: Any, downstream: Any,
-                 gauge: Any, model: str, path_label: str, route_label: str, server_label: str, request_id: str,
+                 gauge: Any, model: str, path_label: str, plan: ServerPlan, request_id: str,
                  stream: bool) -> None:
         self.order = order
         self.info = info
@@ -69,22 +71,11 @@ class _Live:
         self.gauge = gauge
         self.model = model
         self.path_label = path_label
-        self.route_label = route_label
-        self.server_label = server_label
+        self.route_label = plan.route_label
+        self.server_label = plan.server_label
         self.request_id = request_id
         self.stream = stream
         self.counted = 0  # output events already counted per endpoint while the stream ran
-
-
-def _host_header(ep: EndpointState) -> tuple[str, str]:
-    """("ip:port" to connect to, the Host header) of a plain-HTTP endpoint (upstream.py dest())."""
-    name = f"[{ep.ip}]" if ":" in ep.ip else ep.ip
-    addr = f"{name}:{ep.port}"
-    return addr, (name if ep.port == 80 else addr)
-
-
-def _secs(value: float | None) -> float:
-    return -1.0 if value is None else float(value)
 
 
 class FastPath:
@@ -107,6 +98,8 @@ class FastPath:
         self.batch = MetricBatch()
         self.metrics.deferred = self.batch
         self.tasks: set[asyncio.Task[None]] = set()  # decisions awaiting the scheduler's prepare()
+        self.plans = PlanCache()  # per state: labels, timeouts, addresses
+        self.reports = ReportCache(self.metrics)  # per label set: the children done() writes
 
     def _add(self, child: Any, value: float) -> None:
         self.batch.add(child, value)
@@ -218,31 +211,31 @@ class FastPath:
             return
         inject = needs_usage_injection(body)
         payload = rewrite(body, None if match.is_lora else match.upstream_model, inject)
-        block = hdrs.upstream
-        if server.upstream_headers:
-            block += b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in server.upstream_headers.items())
-        traffic = state.traffic_of(server.key)
-        t = traffic.timeouts
-        addrs, hosts = zip(*map(_host_header, order))
-        target = request_line("POST", path, query)[5:-11].decode("ascii")
-        timeouts = (float(t.connect_s), _secs(t.response_s), _secs(t.first_token_s), _secs(t.idle_s),
-                    _secs(t.total_s), float(t.pool_wait_s), float(server.retry_interval_s))
-        if not self.core.fast(rid, list(addrs), list(hosts), target, block, payload, body.stream, inject,
-                              timeouts, traffic.max_buffered_response_bytes, hdrs.request_id):
+        plans = self.plans
+        plan = plans.server(state, match.route, server)
+        block = hdrs.upstream + plan.extra_headers if plan.extra_headers else hdrs.upstream
+        host = plans.host
+        if len(order) == 1:
+            addr, hh = host(order[0])
+            addrs, hosts = [addr], [hh]
+        else:
+            pairs = [host(ep) for ep in order]
+            addrs, hosts = [a for a, _ in pairs], [h for _, h in pairs]
+        if not self.core.fast(rid, addrs, hosts, plans.target(path, query), block, payload, body.stream, inject,
+                              plan.timeouts, plan.max_buffered, hdrs.request_id):
             return  # the client left while we decided: nothing started
-        self._add(self.n_fast, 1)
+        batch = self.batch
+        batch.add(self.n_fast, 1)
         ep = order[0]
-        route_label = f"{match.route.namespace}/{match.route.name}"
-        server_label = f"{server.namespace}/{server.name}"
         downstream = self.metrics.downstream(body.model)
-        self._add(downstream, 1)
-        gauge = self.metrics.upstream(route_label, server_label, ep.key)
-        self._add(gauge, 1)
+        batch.add(downstream, 1)
+        gauge = self.metrics.upstream(plan.route_label, plan.server_label, ep.key)
+        batch.add(gauge, 1)
         self.balancer.dispatched(ep, info)
         fw.in_flight += 1
         fw.idle.clear()
-        self.live[rid] = _Live(order, info, ep.health.begin(), downstream, gauge, body.model, label,
-                               route_label, server_label, hdrs.request_id, body.stream)
+        self.live[rid] = _Live(order, info, ep.health.begin(), downstream, gauge, body.model, label, plan,
+                               hdrs.request_id, body.stream)
 
     # --- completion ---------------------------------------------------------------------
 
@@ -329,29 +322,31 @@ class FastPath:
             error_type = ERROR_TYPES.get(status, "error")
         model, path_label = live.model, live.path_label
         # metrics.observe_request/_ttft/_tokens/_tpot and observe_endpoint_tokens, batched
-        code = str(status)
         batch = self.batch
-        child = metrics._child
-        batch.add(child(metrics.requests, (model, path_label, code, error_type, live.route_label,
-                                           live.server_label, endpoint)), 1)
-        batch.observe(child(metrics.duration, (model, path_label, code)), duration)
+        children = self.reports.get((model, path_label, live.route_label, live.server_label, endpoint, status,
+                                     error_type))
+        batch.add(children.requests, 1)
+        batch.observe(children.duration, duration)
         if ttft >= 0:
-            batch.observe(child(metrics.ttft, (model, path_label)), ttft)
+            batch.observe(children.ttft(), ttft)
         p = prompt if prompt >= 0 else None
         c = completion if completion >= 0 else None
-        if p is not None or c is not None:
-            signal = metrics._signal_families()[0]
-            if p:
-                batch.add(child(metrics.tokens, (model, path_label, "input")), p)
-                batch.add(child(signal, (live.server_label, endpoint, "input")), p)
-            if c:
-                batch.add(child(metrics.tokens, (model, path_label, "output")), c)
-                if c > live.counted:
-                    batch.add(child(signal, (live.server_label, endpoint, "output")), c - live.counted)
-            if live.info is not None and p:
+        if (p is not None or c is not None) and not children.signals:
+            metrics._signal_families()  # registered at the first usage report, zero or not
+            children.signals = True
+        if p:
+            by_model, by_endpoint = children.tokens("input")
+            batch.add(by_model, p)
+            batch.add(by_endpoint, p)
+            if live.info is not None:
                 balancer.observe_prompt_tokens(live.info, p)
+        if c:
+            by_model, by_endpoint = children.tokens("output")
+            batch.add(by_model, c)
+            if c > live.counted:  # what progress reports counted while the stream ran
+                batch.add(by_endpoint, c - live.counted)
         if tpot >= 0:
-            batch.observe(child(metrics.tpot, (model, path_label)), tpot)
+            batch.observe(children.tpot(), tpot)
         if fw.access_log is not None:
             fw.access_log.write(AccessRecord(
                 live.request_id, "POST", path_label, stream=live.stream, route=live.route_label,
