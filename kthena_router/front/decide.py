@@ -271,7 +271,7 @@ class FastPath:
         live.finished = k + 1
 
     def first_byte(self, rid: int, attempts: list[tuple[int, int]]) -> None:
-        """A stream's first event reached the client: its attempt is no longer waiting
+        """An attempt's response head arrived (as in proxy/executor.py): it is no longer waiting
         (stall tracking); the attempts that failed before it get their outcome."""
         live = self.live.get(rid)
         if live is None or not attempts:

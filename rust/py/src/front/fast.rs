@@ -320,6 +320,10 @@ async fn attempt(shared: &Arc<Shared>, plan: &Plan, i: usize, deadline: Option<I
 async fn after_head(shared: &Arc<Shared>, plan: &Plan, addr: &str, conn: Conn, resp: Response<Incoming>,
                     first_at: Option<Instant>, deadline: Option<Instant>, out: &mut Outcome) -> Step {
     let status = resp.status().as_u16();
+    // stall tracking ends at the response head, as in proxy/executor.py: an engine sends a
+    // stream's head when it accepts the request, so a long queue before the first token
+    // (a busy engine, not a stalled one) does not count against it
+    shared.push(Event::FirstByte { id: out.id, attempts: out.attempts.clone() });
     let (parts, mut body) = resp.into_parts();
     if status >= 500 {
         let mut n = 0usize;
@@ -417,7 +421,6 @@ fn start_stream(shared: Arc<Shared>, s: StreamStart, mut out: Outcome, plan: &Pl
     out.error = E_NONE;
     out.ttft = out.t0.elapsed().as_secs_f64();
     out.att_ttft = out.att_t0.elapsed().as_secs_f64();
-    shared.push(Event::FirstByte { id: out.id, attempts: out.attempts.clone() }); // stall tracking ends
     let StreamStart { headers, body, conn, addr, obs, first } = s;
     let sse = SseBody::new(shared, body, obs, first, out, conn, addr, plan.idle, plan.total, deadline);
     let mut r = Response::new(RespBody::Sse(Box::new(sse)));
