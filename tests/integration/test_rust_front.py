@@ -8,6 +8,7 @@ interface-specific behaviours (disconnects, refusals, admission, access log) als
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -257,4 +258,39 @@ def test_auto_keeps_granian_on_the_port_when_fair_queuing_would_send_everything_
         assert DECISIONS not in text, "auto chose the Rust front although fair queuing is on"
         assert not (router.runtime_dir / "granian.sock").exists()
     finally:
+        router.stop()
+
+
+def test_a_queue_before_the_first_token_is_not_a_stall(simulator: harness.Simulator, tmp_path: Path) -> None:
+    """An engine sends a stream's head when it takes the request; the first token may wait
+    in its queue. Stall tracking ends at the head (as in proxy/executor.py), so a busy
+    engine is not judged stalled and ejected (under load that scattered prefix groups)."""
+    config = harness.write_config(tmp_path / "router.yaml", harness.engine_config(simulator.ports[:1]))
+    rc = tmp_path / "router-config.yaml"
+    rc.write_text("traffic:\n  outlierDetection: {stallFactor: 2, stallMinimum: 0.3s}\n")
+    router = harness.start_router(config, tmp_path, extra_args=["--router-config", str(rc)])
+    try:
+        client = router.openai(timeout=60.0)
+        for _ in range(5):  # the endpoint's recent TTFT: milliseconds
+            list(client.chat.completions.create(model="demo", messages=MSGS, max_tokens=2, stream=True))
+        simulator.set_faults(0, token_delay_s=1.5)  # head at once, the first token after ~1.5 s
+
+        def slow_stream(_: int) -> str:
+            chunks = list(client.chat.completions.create(model="demo", messages=MSGS, max_tokens=1, stream=True))
+            return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(3) as pool:
+            waiting = [pool.submit(slow_stream, i) for i in range(2)]
+            time.sleep(0.8)  # past stallMinimum: the next decision judges the two in flight
+            texts = [pool.submit(slow_stream, 2).result(), *(f.result() for f in waiting)]
+        assert all(texts)
+        fams = harness.metrics_when(router, lambda f: harness.metric_value(
+            f, DECISIONS, decision="fast") >= 8 and harness.metric_value(
+            f, "kthena_router_active_downstream_requests") == 0)
+        assert harness.metric_value(fams, DECISIONS, decision="fast") >= 8  # the front relayed them
+        assert harness.metric_value(fams, "kthena_router_stalled_attempts_total") == 0
+        assert harness.metric_value(fams, "kthena_router_endpoint_healthy") == 1
+    finally:
+        simulator.reset_faults()
         router.stop()
