@@ -153,6 +153,13 @@ def through_haproxy(config: Path, tmp_path: Path, factor: float | None, tag: str
     hap = haproxy_harness.start_haproxy(tmp_path, [r.port for r in routers])
     try:
         send_each_on_a_new_connection(hap.openai_url, tag)
+        # each replica counts a request just after its reply (the Rust front's report): wait
+        # until the replies are all counted, then read the split
+        try:
+            harness.wait_until(lambda: sum(router_requests(r) for r in routers) >= GROUPS * PER_GROUP, 10,
+                               what="every request counted")
+        except TimeoutError:
+            pass  # the caller's assertion shows the counts
         return [router_requests(r) for r in routers]
     finally:
         hap.stop()
