@@ -196,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return supervisor.run(settings, config)
+    except SettingsError as exc:  # --interface auto resolved against the router configuration
+        print(f"kthena-router: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except supervisor.PortInUseError as exc:
         print(f"kthena-router: {exc.strerror}", file=sys.stderr)
         return EXIT_PORT_IN_USE

@@ -21,8 +21,8 @@ SETTINGS_ENV = "KTHENA_ROUTER_SETTINGS"
 PROMETHEUS_SUBDIR = "prometheus"
 RELOAD_TRIGGER_NAME = "reload-trigger"
 DRAIN_MARKER_NAME = "draining"
-FRONT_SOCKET_NAME = "granian.sock"
-MAX_UNIX_PATH = 100  # sun_path is 108 bytes on Linux  # --interface rust
+FRONT_SOCKET_NAME = "granian.sock"  # --interface rust
+MAX_UNIX_PATH = 100  # sun_path is 108 bytes on Linux
 KUBE_CONFIG_NAME = "kubernetes-config.yaml"  # Kubernetes mode: the config the supervisor renders
 DEFAULT_LEASE_NAME = "kthena-router"
 # In a pod: the downward API (configs/deploy/router/base/deployment.yaml) and the mounted token's namespace.

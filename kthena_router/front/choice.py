@@ -13,7 +13,7 @@ import logging
 
 import msgspec
 
-from kthena_router.settings import RouterSettings
+from kthena_router.settings import RouterSettings, SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -40,5 +40,8 @@ def resolve_interface(settings: RouterSettings) -> RouterSettings:
         rc = load_router_configuration_file(settings.router_config_path)
         auth, fairness = rc.auth is not None, rc.fairness is not None and rc.fairness.enabled
     interface, why = choose(auth, fairness)
+    if interface != "rust" and settings.front_threads != 1:  # never accepted and then ignored
+        raise SettingsError(f"--front-threads applies to the Rust front end, and --interface auto chose "
+                            f"{interface}: {why}")
     log.info("--interface auto: %s (%s)", interface, why)
     return msgspec.structs.replace(settings, interface=interface)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 

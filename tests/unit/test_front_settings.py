@@ -60,3 +60,11 @@ def test_granian_socket_moves_to_a_short_dir_when_the_runtime_dir_is_deep(tmp_pa
     assert path.endswith("/granian.sock") and len(path.encode()) <= 100
     rsgi = RouterSettings(config_path="c.yaml", interface="rsgi", runtime_dir=str(tmp_path / ("d" * 120)))
     assert _with_front_socket(rsgi) is rsgi
+
+
+def test_front_threads_are_refused_when_auto_chooses_rsgi(tmp_path) -> None:
+    rc = tmp_path / "router.yaml"
+    rc.write_text("fairness: {}\n")
+    settings = RouterSettings(config_path="c.yaml", router_config_path=str(rc), front_threads=2)
+    with pytest.raises(SettingsError, match="--front-threads.*chose rsgi.*fair queuing"):
+        resolve_interface(settings)
