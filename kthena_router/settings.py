@@ -23,6 +23,7 @@ RELOAD_TRIGGER_NAME = "reload-trigger"
 DRAIN_MARKER_NAME = "draining"
 FRONT_SOCKET_NAME = "granian.sock"  # --interface rust
 MAX_UNIX_PATH = 100  # sun_path is 108 bytes on Linux
+SHORT_SOCKET_DIR_PREFIX = "ktr-"  # a private dir for a socket whose runtime-dir path is too long
 KUBE_CONFIG_NAME = "kubernetes-config.yaml"  # Kubernetes mode: the config the supervisor renders
 DEFAULT_LEASE_NAME = "kthena-router"
 # In a pod: the downward API (configs/deploy/router/base/deployment.yaml) and the mounted token's namespace.
@@ -149,7 +150,7 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         too long for a unix socket (a deep runtime dir)."""
         path = str(Path(self.runtime_dir) / name)
         if len(path.encode()) > MAX_UNIX_PATH:
-            path = str(Path(tempfile.mkdtemp(prefix="ktr-")) / name)
+            path = str(Path(tempfile.mkdtemp(prefix=SHORT_SOCKET_DIR_PREFIX)) / name)
         return path
 
     def resolved(self) -> "RouterSettings":

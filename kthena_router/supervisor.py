@@ -34,7 +34,7 @@ import msgspec
 from kthena_router import worker_status
 from kthena_router.config.model import RouterConfig
 from kthena_router.front.choice import resolve_interface
-from kthena_router.settings import FRONT_SOCKET_NAME, PROMETHEUS_SUBDIR, RouterSettings
+from kthena_router.settings import FRONT_SOCKET_NAME, PROMETHEUS_SUBDIR, SHORT_SOCKET_DIR_PREFIX, RouterSettings
 
 log = logging.getLogger(__name__)
 
@@ -293,8 +293,12 @@ def run(settings: RouterSettings, initial_config: RouterConfig | None, on_view: 
     check_port_free(settings.host, settings.port, "listen address")
     check_port_free(settings.admin_host, settings.admin_port, "admin address")
     resolved, created = prepare_runtime_dir(settings)
+    sup = Supervisor(resolved, initial_config, on_view)
     try:
-        return Supervisor(resolved, initial_config, on_view).run()
+        return sup.run()
     finally:
+        for sock in (sup.settings.front_socket, sup.settings.pod_state_socket):
+            if sock and Path(sock).parent.name.startswith(SHORT_SOCKET_DIR_PREFIX):  # made for it at start
+                shutil.rmtree(Path(sock).parent, ignore_errors=True)
         if created:
             shutil.rmtree(resolved.runtime_dir, ignore_errors=True)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 
 from kthena_router.cli import build_parser, settings_from_args
@@ -57,6 +60,7 @@ def test_granian_socket_moves_to_a_short_dir_when_the_runtime_dir_is_deep(tmp_pa
     assert _with_front_socket(shallow).front_socket_path == str(tmp_path / "granian.sock")
     deep = RouterSettings(config_path="c.yaml", interface="rust", runtime_dir=str(tmp_path / ("d" * 120)))
     path = _with_front_socket(deep).front_socket_path
+    shutil.rmtree(os.path.dirname(path))  # the private dir the supervisor removes at exit
     assert path.endswith("/granian.sock") and len(path.encode()) <= 100
     rsgi = RouterSettings(config_path="c.yaml", interface="rsgi", runtime_dir=str(tmp_path / ("d" * 120)))
     assert _with_front_socket(rsgi) is rsgi
