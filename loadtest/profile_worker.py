@@ -97,8 +97,37 @@ async def paced(gen: LoadGen, rate: float, duration_s: float) -> PhaseResult:
     return res
 
 
+def _role(pid: int) -> str:
+    """A router child's role: "worker" (the front's thread or granian's), else "other" (the
+    pod-state hub, the resource tracker)."""
+    names = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                names.add(f.read().strip())
+        except OSError:
+            continue
+    return "worker" if any(n.startswith(("kthena-front", "tokio", "granian")) for n in names) else "other"
+
+
+def children_cpu(pids: list[int]) -> dict[str, float]:
+    """thread_cpu summed over processes, each name prefixed by its process's role."""
+    out: dict[str, float] = {}
+    for pid in pids:
+        try:
+            role = _role(pid)
+            threads = thread_cpu(pid)
+        except OSError:
+            continue
+        for k, v in threads.items():
+            key = k if role == "worker" else f"{role}:{k}"
+            out[key] = out.get(key, 0.0) + v
+    return out
+
+
 async def measure(url: str, parent: int, a: argparse.Namespace, spy: str | None) -> dict:
-    worker = max(_children(parent), key=lambda p: len(os.listdir(f"/proc/{p}/task")))  # not the resource tracker
+    kids = _children(parent)
+    worker = max(kids, key=lambda p: len(os.listdir(f"/proc/{p}/task")))  # not the resource tracker
     gen = LoadGen([url], a.concurrency, body=chat_body("demo", a.max_tokens, stream=a.mode == "stream"))
     try:
         await gen.run(requests=max(200, 20 * a.concurrency))
@@ -107,9 +136,9 @@ async def measure(url: str, parent: int, a: argparse.Namespace, spy: str | None)
             spy_proc = subprocess.Popen([a.py_spy_bin, "record", "-r", "250", "-f", "raw", "--nonblocking",
                                          "-d", str(int(a.duration)), "-p", str(worker), "-o", spy],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        t0, p0 = thread_cpu(worker), proc_cpu(parent)
+        t0, p0 = children_cpu(kids), proc_cpu(parent)
         res = await (paced(gen, a.rate, a.duration) if a.rate else gen.run(duration_s=a.duration))
-        t1, p1 = thread_cpu(worker), proc_cpu(parent)
+        t1, p1 = children_cpu(kids), proc_cpu(parent)
         if spy_proc is not None:
             spy_proc.wait(timeout=60)
     finally:
@@ -126,7 +155,7 @@ async def measure(url: str, parent: int, a: argparse.Namespace, spy: str | None)
 
 
 def start_tree_router(name: str, tree: str, args: str, logdir: Path, ports: list[int],
-                      procs: list[Proc]) -> tuple[Proc, str]:
+                      procs: list[Proc], workers: int = 1) -> tuple[Proc, str]:
     """Our router from another source tree (e.g. an older commit's `git archive`): its
     directory goes first on sys.path (spawned workers inherit it)."""
     port, admin = free_ports(2)
@@ -135,7 +164,7 @@ def start_tree_router(name: str, tree: str, args: str, logdir: Path, ports: list
     boot = (f"import sys; sys.path.insert(0, {tree!r}); sys.argv[0] = 'kthena-router'; "
             "from kthena_router.cli import main; sys.exit(main())")
     cmd = [sys.executable, "-c", boot, "--config", str(cfg), "--host", HOST, "--port", str(port), "--admin-host",
-           HOST, "--admin-port", str(admin), "--workers", "1", "--log-level", "warning", *shlex.split(args)]
+           HOST, "--admin-port", str(admin), "--workers", str(workers), "--log-level", "warning", *shlex.split(args)]
     # spawned workers do not inherit sys.path: PYTHONPATH makes them import the tree's code too
     p = Proc(name, cmd, logdir, env={"PYTHONPATH": tree})
     procs.append(p)
@@ -155,9 +184,9 @@ async def main_async(a: argparse.Namespace) -> None:
         for spec in a.router:
             name, _, args = spec.partition("=")
             if name in trees:
-                p, url = start_tree_router(name, trees[name], args, logdir, ports, procs)
+                p, url = start_tree_router(name, trees[name], args, logdir, ports, procs, a.workers)
             else:
-                p, url = start_router(name, "demo", 1, args, logdir, ports, procs, 60)
+                p, url = start_router(name, "demo", a.workers, args, logdir, ports, procs, 60)
             routers[name] = (p, url)
         results: dict[str, list[dict]] = {n: [] for n in routers}
         for rep in range(a.repeats):
@@ -195,6 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--mode", choices=["stream", "plain"], default="stream")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--engines", type=int, default=2)
+    p.add_argument("--workers", type=int, default=1, help="router workers (threads of the same name summed "
+                   "over them; the pod-state hub's as other:NAME)")
     p.add_argument("--duration", type=float, default=6.0)
     p.add_argument("--rate", type=float, default=0.0, help="paced requests/s (default: closed loop)")
     p.add_argument("--repeats", type=int, default=2)

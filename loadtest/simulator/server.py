@@ -184,7 +184,13 @@ class EngineServer(RequestValidation, ProbeEndpoints, ResponsesEndpoints, ModelE
             if e.status >= 400:
                 return error_response(e.status, e.reason)
             raise
-        except (asyncio.CancelledError, ConnectionError):
+        except asyncio.CancelledError:
+            raise
+        except ConnectionError:
+            if request.transport is None or request.transport.is_closing():
+                # the client (a router cancelling upstream work) closed while we wrote: the
+                # abort is recorded; a response aiohttp cannot send ends the exchange quietly
+                return web.Response(status=499)
             raise
         except Exception:
             log.exception("engine %d: internal error on %s", self.cfg.index, request.path)

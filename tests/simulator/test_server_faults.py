@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import time
 
 import httpx
@@ -273,3 +275,22 @@ def test_requests_reset(sim):
     sim.admin.post("/admin/engines/0/requests/reset")
     got = sim.requests(0)
     assert got["received"] == 0 and got["log"] == [] and got["completed"] == 0
+
+
+def test_streams_cut_by_the_client_end_quietly(sim_factory):
+    """A router cancelling upstream work closes the engine connection mid-stream: the
+    simulator records the abort and logs no traceback (aiohttp's "Error handling request")."""
+    s = sim_factory("--fast", "--seed", "5")
+    host, port = s.url(0).removeprefix("http://").split(":")
+    body = orjson.dumps({**CHAT, "stream": True, "max_tokens": 2000})
+    for i in range(30):
+        conn = socket.create_connection((host, int(port)))
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"X-Request-ID: cut-%d\r\nContent-Length: %d\r\n\r\n" % (i, len(body)) + body)
+        assert conn.recv(4096).startswith(b"HTTP/1.1 200")
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset, as a cancel
+        conn.close()
+    for i in range(30):
+        wait_status(s, f"cut-{i}", "aborted")
+    assert "Error handling request" not in s.stderr()
+    assert "Traceback" not in s.stderr()
