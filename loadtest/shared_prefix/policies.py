@@ -134,7 +134,14 @@ SWEEP_POLICIES = ("random", "kvcache-aware+least-request", "best", GREEDY)
 
 
 def get(name: str) -> Policy:
-    """A policy by name; "NAME@N" is NAME with N router replicas behind haproxy."""
+    """A policy by name; "NAME@N" is NAME with N router replicas behind haproxy, "NAME:wN"
+    (after any "@N") NAME with N granian workers per router (pod-state hub as configured)."""
+    head, wsep, workers = name.partition(":w")
+    if wsep:
+        pol = get(head)
+        if not workers.isdigit() or int(workers) < 1 or pol.kind != "router":
+            raise ValueError(f"{name!r}: NAME:wN wants a router policy and N >= 1")
+        return replace(pol, name=name, router_args=(*pol.router_args, f"--workers={int(workers)}"))
     base, sep, n = name.partition("@")
     try:
         pol = POLICIES[ALIASES.get(base, base)]

@@ -27,6 +27,17 @@ def test_name_at_n_is_that_policy_with_n_replicas() -> None:
             policies.get(bad)
 
 
+def test_name_colon_wn_is_that_policy_with_n_workers() -> None:
+    p = policies.get("best:w2")
+    assert (p.name, p.replicas, p.router_args[-1]) == ("best:w2", 1, "--workers=2")
+    assert p.scheduler_yaml == policies.get("best").scheduler_yaml
+    q = policies.get("redis-index@3:w2")
+    assert (q.replicas, q.shared_index, q.router_args[-1]) == (3, True, "--workers=2")
+    for bad in ("best:w0", "best:wx", "best:w", "greedy-reference:w2"):
+        with pytest.raises(ValueError):
+            policies.get(bad)
+
+
 def test_three_replica_cells_run_through_haproxy(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "loadtest.shared_prefix.runner", "--out", str(tmp_path), "--quiet",
            "--profile", "tiny", "--seeds", "1", "--max-lag", "1",  # correctness here, not figures
