@@ -98,16 +98,10 @@ async def paced(gen: LoadGen, rate: float, duration_s: float) -> PhaseResult:
 
 
 def _role(pid: int) -> str:
-    """A router child's role: "worker" (the front's thread or granian's), else "other" (the
-    pod-state hub, the resource tracker)."""
-    names = set()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                names.add(f.read().strip())
-        except OSError:
-            continue
-    return "worker" if any(n.startswith(("kthena-front", "tokio", "granian")) for n in names) else "other"
+    """A router child's role: "worker" (granian names its worker processes after the router,
+    "kthena-router N"), else "other" (the pod-state hub, multiprocessing's resource tracker)."""
+    with open(f"/proc/{pid}/comm") as f:
+        return "worker" if f.read().startswith("kthena-router") else "other"
 
 
 def children_cpu(pids: list[int]) -> dict[str, float]:
