@@ -31,7 +31,7 @@ run: build
 	$(VPY) -m loadtest.demo
 
 cargo-test:
-	cargo test --release -p kthena-core
+	cargo test --release -p kthena-core -p kthena-py
 
 # Debian's redis-server: tests of global rate limits and shared session stores run a real one.
 redis-server:

@@ -345,13 +345,30 @@ class Front:
         attempt_ttft_s, tpot_s, prompt_tokens, completion_tokens, events) reports a finished fast-path
         request (floats < 0 and ints < 0: unknown; codes in rust/py/src/front/fast.rs); (2, id, attempts)
         when a stream's first event reached the client (the last attempt answers); (3, id, endpoint
-        index, events) every second of a running stream: its events since the last such report."""
+        index, events) every second of a running stream: its events since the last such report;
+        (4, id, version, model, target, order: [endpoint index], stream, chat, request_id, age_s) for a
+        request the front decided itself from the installed table (before its other events)."""
     def fast(self, id: int, addrs: list[str], hosts: list[str], target: str, headers: bytes, body: bytes,
              stream: bool, hide_usage: bool, timeouts: tuple[float, float, float, float, float, float, float],
              max_buffered: int, request_id: str) -> bool:
         """Relay request `id` in Rust: attempt i goes to addrs[i] ("ip:port", Host hosts[i]) while no
         byte reached the client; `headers` are CRLF-terminated lines; timeouts (connect, response,
         firstToken, idle, total, poolWait, retryInterval) in seconds, < 0 = none."""
+    def install(self, version: int, models: list[tuple[str, list[tuple[int, int]], int, bytes | None]],
+                servers: list[tuple[list[str], list[str], int, int, bytes,
+                                    tuple[float, float, float, float, float, float, float], int]]) -> None:
+        """The table of models the front decides alone (kthena_router/front/table.py): per model
+        (name, [(cumulative weight, server index)], total weight, the JSON upstream model name or
+        None), per server (addrs, hosts, retry attempts (< 0: default), default retry endpoints,
+        extra header lines, timeouts as in `fast`, max buffered bytes). Servers start not calm."""
+    def calm(self, version: int, flags: list[bool]) -> None:
+        """Which servers of table `version` the front may decide for (every endpoint usable)."""
+    def uninstall(self) -> None:
+        """No table: every completion asks Python."""
+    def admission(self, limit: int, others: int) -> None:
+        """The worker's admission limit (0: none) and its requests in flight off the fast path."""
+    def live(self) -> int:
+        """Fast-path requests running now."""
     def slow(self, id: int) -> bool:
         """Forward request `id` unchanged to the full app."""
     def reply(self, id: int, status: int, body: bytes, headers: list[tuple[str, str]] = ...) -> bool:

@@ -289,8 +289,11 @@ def create_app(settings: RouterSettings | None = None) -> RouterApp:
                 task.cancel()
             await prober.stop()
             # granian lets in-flight requests end before lifespan shutdown; this is a bound.
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(forwarder.idle.wait(), timeout=settings.drain_grace_s)
+            if front is not None:
+                await front.wait_idle(forwarder.idle, settings.drain_grace_s)
+            else:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(forwarder.idle.wait(), timeout=settings.drain_grace_s)
             if front is not None:
                 front.close()
             for task in tasks:

@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "auth or fair queuing, then rsgi")
     p.add_argument("--front-threads", type=int, default=d.front_threads,
                    help="--interface rust (or auto choosing it): tokio threads of each worker's front end")
+    p.add_argument("--front-table", choices=["on", "off"], default="on" if d.front_table else "off",
+                   help="--interface rust (or auto choosing it): the front decides plain round-robin routes "
+                        "itself (on, default) or asks Python for every completion (off)")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
                    help="larger request bodies get 413")
     p.add_argument("--drain-grace-s", "--drain-grace", dest="drain_grace_s", type=float,
@@ -123,6 +126,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         workers=args.workers,
         interface=args.interface,
         front_threads=args.front_threads,
+        front_table=args.front_table == "on",
         max_body_bytes=args.max_body_bytes,
         drain_grace_s=args.drain_grace_s,
         log_level=args.log_level,

@@ -62,6 +62,9 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     auth or fair queuing (front/choice.py)."""
     front_threads: int = 1
     """--interface rust: tokio threads of each worker's front end."""
+    front_table: bool = True
+    """--interface rust: the front decides plain round-robin routes itself, without asking
+    Python per request (front/table.py); off: Python decides every completion."""
     max_body_bytes: int = 32 * 1024 * 1024
     """Request bodies above this size are refused with 413."""
     drain_grace_s: float = 30.0
@@ -206,6 +209,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise SettingsError(f"front_threads must be >= 1, got {self.front_threads}")
         if self.front_threads != 1 and self.interface not in ("rust", "auto"):
             raise SettingsError("front_threads (--front-threads) applies to --interface rust (or auto) only")
+        if not self.front_table and self.interface not in ("rust", "auto"):
+            raise SettingsError("front_table (--front-table off) applies to --interface rust (or auto) only")
         if self.upstream_pool_size < 1:
             raise SettingsError(f"upstream_pool_size must be >= 1, got {self.upstream_pool_size}")
         if self.max_body_bytes < 1:

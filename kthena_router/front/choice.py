@@ -43,5 +43,8 @@ def resolve_interface(settings: RouterSettings) -> RouterSettings:
     if interface != "rust" and settings.front_threads != 1:  # never accepted and then ignored
         raise SettingsError(f"--front-threads applies to the Rust front end, and --interface auto chose "
                             f"{interface}: {why}")
+    if interface != "rust" and not settings.front_table:
+        raise SettingsError(f"--front-table off applies to the Rust front end, and --interface auto chose "
+                            f"{interface}: {why}")
     log.info("--interface auto: %s (%s)", interface, why)
     return msgspec.structs.replace(settings, interface=interface)

@@ -29,6 +29,7 @@ from kthena_router.errors import ERROR_TYPES, RequestError
 from kthena_router.front.batch import MetricBatch
 from kthena_router.front.plan_cache import PlanCache, ServerPlan
 from kthena_router.front.report_children import ReportCache
+from kthena_router.front.table import FrontTable
 from kthena_router.identity.model import ANONYMOUS
 from kthena_router.proxy.body import needs_usage_injection, parse_body, rewrite
 from kthena_router.proxy.executor import with_fallbacks
@@ -92,6 +93,9 @@ class FastPath:
                             "or the slow path (the full app)", ["decision"], registry=self.metrics.registry)
         self.n_fast = decisions.labels("fast")
         self.n_slow = decisions.labels("slow")
+        self.n_front = Counter("kthena_router_front_table_decisions_total",
+                               "fast-path requests the Rust front decided itself from its table, without "
+                               "asking Python (also counted as decision=fast)", registry=self.metrics.registry)
         # counter, gauge and histogram writes merged per loop iteration (front/batch.py): a
         # request ending in the same batch as the next one starts costs no gauge write; the
         # scheduler's per-request writes join them
@@ -100,6 +104,9 @@ class FastPath:
         self.tasks: set[asyncio.Task[None]] = set()  # decisions awaiting the scheduler's prepare()
         self.plans = PlanCache()  # per state: labels, timeouts, addresses
         self.reports = ReportCache(self.metrics)  # per label set: the children done() writes
+        self.table = FrontTable(forwarder, core, self.plans)  # what the front decides alone
+        self._labels = {True: resolve("POST", "/v1/chat/completions").label,
+                        False: resolve("POST", "/v1/completions").label}
 
     def _add(self, child: Any, value: float) -> None:
         self.batch.add(child, value)
@@ -224,18 +231,38 @@ class FastPath:
         if not self.core.fast(rid, addrs, hosts, plans.target(path, query), block, payload, body.stream, inject,
                               plan.timeouts, plan.max_buffered, hdrs.request_id):
             return  # the client left while we decided: nothing started
+        self._register(rid, order, info, body.model, label, plan, hdrs.request_id, body.stream, None)
+
+    def _register(self, rid: int, order: list[EndpointState], info: RequestInfo | None, model: str, label: str,
+                  plan: ServerPlan, request_id: str, stream: bool, sent: float | None) -> None:
+        """A fast-path request is under way: gauges, in-flight counts, the first attempt's
+        health record (sent at `sent`, monotonic; None: now)."""
+        fw = self.fw
         batch = self.batch
         batch.add(self.n_fast, 1)
         ep = order[0]
-        downstream = self.metrics.downstream(body.model)
+        downstream = self.metrics.downstream(model)
         batch.add(downstream, 1)
         gauge = self.metrics.upstream(plan.route_label, plan.server_label, ep.key)
         batch.add(gauge, 1)
         self.balancer.dispatched(ep, info)
         fw.in_flight += 1
         fw.idle.clear()
-        self.live[rid] = _Live(order, info, ep.health.begin(), downstream, gauge, body.model, label, plan,
-                               hdrs.request_id, body.stream)
+        self.live[rid] = _Live(order, info, ep.health.begin(sent), downstream, gauge, model, label, plan,
+                               request_id, stream)
+
+    def decided(self, rid: int, version: int, model: int, target: int, order: list[int], stream: bool, chat: bool,
+                request_id: str, age: float) -> None:
+        """The front decided request `rid` itself (front/table.py), `age` seconds ago."""
+        inst = self.table.installs.get(version)
+        if inst is None:  # more installs since than are kept: cannot happen within a wake-up or two
+            log.error("rust front: request %d decided on table %d, no longer known", rid, version)
+            return
+        name, targets = inst.models[model]
+        _match, plan, eps = targets[target]
+        self.batch.add(self.n_front, 1)
+        self._register(rid, [eps[i] for i in order], None, name, self._labels[chat], plan, request_id, stream,
+                       time.monotonic() - age)
 
     # --- completion ---------------------------------------------------------------------
 
@@ -266,6 +293,7 @@ class FastPath:
             ep.health.finish(pending, failure)
         if failure is not None:
             self.metrics.upstream_error(live.server_label, ep.key, failure.value)
+            self.table.dirty = True
         self.balancer.finished(ep, att_ttft, tpot)
         live.begun = -1
         live.finished = k + 1

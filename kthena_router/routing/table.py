@@ -151,6 +151,11 @@ class RouteTable:
         """(name, is_lora) for /v1/models, in source order, base models first."""
         return list(self._names)
 
+    def first_rules(self) -> list[tuple[str, bool, _Rule]]:
+        """(name, is_lora, the first rule tried) for every name the table serves."""
+        out = [(name, False, rules[0]) for name, rules in self._by_model.items() if rules]
+        return out + [(name, True, rules[0]) for name, rules in self._by_lora.items() if rules]
+
     def match(self, model: str, path: str, headers: Mapping[str, str],
               rng: random.Random) -> RouteMatch | ExternalMatch:
         """``headers`` must be keyed by lower-case names (or case-insensitive, as

@@ -72,3 +72,16 @@ def test_front_threads_are_refused_when_auto_chooses_rsgi(tmp_path) -> None:
     settings = RouterSettings(config_path="c.yaml", router_config_path=str(rc), front_threads=2)
     with pytest.raises(SettingsError, match="--front-threads.*chose rsgi.*fair queuing"):
         resolve_interface(settings)
+
+
+def test_front_table_switch_is_refused_off_the_rust_front(tmp_path) -> None:
+    s = settings_from_args(build_parser().parse_args(["--config", "c.yaml", "--front-table", "off"]))
+    s.validate()
+    assert s.front_table is False
+    assert settings_from_args(build_parser().parse_args(["--config", "c.yaml"])).front_table is True
+    with pytest.raises(SettingsError, match="front_table.*--interface rust \\(or auto\\) only"):
+        RouterSettings(config_path="c.yaml", interface="rsgi", front_table=False).validate()
+    rc = tmp_path / "router.yaml"
+    rc.write_text("fairness: {}\n")
+    with pytest.raises(SettingsError, match="--front-table off.*chose rsgi.*fair queuing"):
+        resolve_interface(RouterSettings(config_path="c.yaml", router_config_path=str(rc), front_table=False))

@@ -76,6 +76,7 @@ pub struct Outcome {
 
 impl Drop for Outcome {
     fn drop(&mut self) {
+        self.shared.live.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         self.shared.push(Event::Done {
             id: self.id,
             status: self.status,
@@ -208,6 +209,7 @@ struct StreamStart {
 
 /// Runs the attempts of one request; the response for the client.
 pub async fn run(shared: Arc<Shared>, id: u64, plan: Plan, t0: Instant) -> Response<RespBody> {
+    shared.live.fetch_add(1, std::sync::atomic::Ordering::Relaxed); // back in Outcome's drop
     let mut out = Outcome {
         shared: shared.clone(), id, t0, att_t0: t0, status: 499, error: E_CLIENT_DISCONNECT, attempts: Vec::new(),
         ttft: -1.0, att_ttft: -1.0, tpot: -1.0, prompt: -1, completion: -1, events: 0,

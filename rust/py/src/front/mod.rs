@@ -14,14 +14,15 @@ mod server;
 mod slow;
 pub mod sse;
 mod stream;
+mod table;
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::os::fd::IntoRawFd;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -30,10 +31,15 @@ use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
 
 use fast::Plan;
 
 pub enum Event {
+    /// The front decided this request itself (table.rs): what Python needs to account for it
+    /// (the installed table's version, the model's and target's index in it, the endpoints in
+    /// attempt order), before its other events.
+    Dispatched { id: u64, version: u64, model: u32, target: u32, order: Vec<u32>, stream: bool, chat: bool, request_id: String, at: Instant },
     Decide { id: u64, path: String, query: Vec<u8>, headers: Vec<(String, String)>, body: Bytes },
     /// A stream's first event is in hand (its attempts so far; the last one answers).
     FirstByte { id: u64, attempts: Vec<(u32, u8)> },
@@ -72,6 +78,13 @@ pub struct Shared {
     uds_path: PathBuf,
     uds: slow::UdsPool,
     max_body: usize,
+    table: RwLock<Option<Arc<table::Table>>>,
+    ids: table::Ids,
+    /// Fast-path requests running (decided by either side), and the admission limit with
+    /// the worker's other requests in flight as Python last reported them (0: no limit).
+    live: AtomicUsize,
+    limit: AtomicUsize,
+    others: AtomicUsize,
 }
 
 /// How long a report (first byte, end of a request) may wait for a wake-up of the loop:
@@ -104,6 +117,17 @@ impl Shared {
         }
     }
 
+    /// The front's own decision for a completion, when the installed table covers it.
+    fn decide(&self, path: &str, query: Option<&str>, headers: &HeaderMap, body: &Bytes) -> Option<(u64, table::Decided)> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        if limit > 0 && self.live.load(Ordering::Relaxed) + self.others.load(Ordering::Relaxed) >= limit {
+            return None; // near the limit Python decides: it sheds with 503 + Retry-After
+        }
+        let t = self.table.read().unwrap_or_else(|e| e.into_inner()).clone()?;
+        let d = table::decide(&t, &self.ids, path, query, headers, body)?;
+        Some((t.version, d))
+    }
+
     fn wait(&self, tx: oneshot::Sender<Decision>) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         self.waiting.lock().unwrap_or_else(|e| e.into_inner()).insert(id, tx);
@@ -127,8 +151,8 @@ fn opt(s: f64) -> Option<Duration> {
     (s >= 0.0 && s.is_finite()).then(|| Duration::from_secs_f64(s))
 }
 
-fn parse_header_block(block: &[u8]) -> PyResult<HeaderMap> {
-    let mut h = HeaderMap::new();
+fn header_lines(block: &[u8]) -> PyResult<Vec<(HeaderName, HeaderValue)>> {
+    let mut out = Vec::new();
     for line in block.split(|c| *c == b'\n') {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.is_empty() {
@@ -137,7 +161,15 @@ fn parse_header_block(block: &[u8]) -> PyResult<HeaderMap> {
         let colon = line.iter().position(|c| *c == b':').ok_or_else(|| PyValueError::new_err("header line without ':'"))?;
         let name = HeaderName::from_bytes(&line[..colon]).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let value = line[colon + 1..].trim_ascii();
-        h.append(name, HeaderValue::from_bytes(value).map_err(|e| PyValueError::new_err(e.to_string()))?);
+        out.push((name, HeaderValue::from_bytes(value).map_err(|e| PyValueError::new_err(e.to_string()))?));
+    }
+    Ok(out)
+}
+
+fn parse_header_block(block: &[u8]) -> PyResult<HeaderMap> {
+    let mut h = HeaderMap::new();
+    for (k, v) in header_lines(block)? {
+        h.append(k, v);
     }
     Ok(h)
 }
@@ -173,6 +205,11 @@ impl Front {
             uds_path: uds,
             uds: slow::UdsPool::default(),
             max_body,
+            table: RwLock::new(None),
+            ids: table::Ids::default(),
+            live: AtomicUsize::new(0),
+            limit: AtomicUsize::new(0),
+            others: AtomicUsize::new(0),
         });
         let rt = if threads <= 1 {
             tokio::runtime::Builder::new_current_thread().enable_all().build()?
@@ -208,13 +245,27 @@ impl Front {
     /// Every queued event, oldest first: `(0, id, path, query, headers, body)` for a decision,
     /// `(1, id, status, error, attempts, duration, ttft, att_ttft, tpot, prompt, completion, events)`
     /// for a finished fast-path request, `(2, id, attempts)` when a stream's first event is in hand,
-    /// `(3, id, endpoint, events)` every `stream::COUNT_INTERVAL` of a running stream.
+    /// `(3, id, endpoint, events)` every `stream::COUNT_INTERVAL` of a running stream,
+    /// `(4, id, version, model, target, order, stream, chat, request_id, age)` for a request the
+    /// front decided itself (`install`), `age` seconds ago.
     fn drain<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.shared.notified.store(false, Ordering::Release);
         let events = std::mem::take(&mut *self.shared.events.lock().unwrap_or_else(|e| e.into_inner()));
         let out = PyList::empty(py);
         for ev in events {
             let t = match ev {
+                Event::Dispatched { id, version, model, target, order, stream, chat, request_id, at } => PyTuple::new(py, [
+                    4u8.into_pyobject(py)?.into_any(),
+                    id.into_pyobject(py)?.into_any(),
+                    version.into_pyobject(py)?.into_any(),
+                    model.into_pyobject(py)?.into_any(),
+                    target.into_pyobject(py)?.into_any(),
+                    order.into_pyobject(py)?.into_any(),
+                    stream.into_pyobject(py)?.to_owned().into_any(),
+                    chat.into_pyobject(py)?.to_owned().into_any(),
+                    request_id.into_pyobject(py)?.into_any(),
+                    at.elapsed().as_secs_f64().into_pyobject(py)?.into_any(),
+                ])?,
                 Event::Decide { id, path, query, headers, body } => PyTuple::new(py, [
                     0u8.into_pyobject(py)?.into_any(),
                     id.into_pyobject(py)?.into_any(),
@@ -291,6 +342,67 @@ impl Front {
             request_id: HeaderValue::from_str(request_id).map_err(|e| PyValueError::new_err(e.to_string()))?,
         };
         Ok(self.shared.answer(id, Decision::Fast(Box::new(plan))))
+    }
+
+    /// Installs the table of models the front decides alone (kthena_router/front/table.py):
+    /// `models`: (name, [(cumulative weight, server index)], total weight, the JSON upstream
+    /// model name when it differs from the client's); `servers`: (addrs, hosts, retry
+    /// attempts (negative: the default), default retry endpoints, extra header lines,
+    /// timeouts as in `fast`, max buffered bytes). Servers start not calm (`calm`).
+    #[allow(clippy::type_complexity)]
+    fn install(&self, version: u64, models: Vec<(String, Vec<(u64, u32)>, u64, Option<Vec<u8>>)>,
+               servers: Vec<(Vec<String>, Vec<String>, i64, usize, Vec<u8>, (f64, f64, f64, f64, f64, f64, f64), usize)>)
+               -> PyResult<()> {
+        let mut built = Vec::with_capacity(servers.len());
+        for (addrs, hosts, retries, default_retry, extra, t, max_buffered) in servers {
+            if addrs.len() != hosts.len() {
+                return Err(PyValueError::new_err("addrs and hosts: one each per endpoint"));
+            }
+            let hosts = hosts
+                .iter()
+                .map(|h| HeaderValue::from_str(h).map_err(|e| PyValueError::new_err(e.to_string())))
+                .collect::<PyResult<Vec<_>>>()?;
+            let lines = header_lines(&extra)?;
+            let timeouts = (opt(t.0).unwrap_or(Duration::from_secs(3600)), opt(t.1), opt(t.2), opt(t.3), opt(t.4),
+                            opt(t.5).unwrap_or(Duration::ZERO), opt(t.6).unwrap_or(Duration::ZERO));
+            built.push(table::Server::new(addrs, hosts, (retries >= 0).then_some(retries as usize), default_retry, lines,
+                                          timeouts, max_buffered));
+        }
+        let mut by_name = HashMap::with_capacity(models.len());
+        for (i, (name, targets, total, rewrite)) in models.into_iter().enumerate() {
+            if targets.is_empty() || targets.iter().any(|(_, s)| *s as usize >= built.len()) {
+                return Err(PyValueError::new_err(format!("model {name:?}: a target without its server")));
+            }
+            by_name.insert(name, (i as u32, table::Model { targets, total, rewrite: rewrite.map(Bytes::from) }));
+        }
+        let t = table::Table { version, models: by_name, servers: built };
+        *self.shared.table.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(t));
+        Ok(())
+    }
+
+    /// Which servers of the installed table `version` the front may decide for.
+    fn calm(&self, version: u64, flags: Vec<bool>) {
+        if let Some(t) = self.shared.table.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            if t.version == version {
+                t.set_calm(&flags);
+            }
+        }
+    }
+
+    /// No table: every completion asks Python again.
+    fn uninstall(&self) {
+        *self.shared.table.write().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// The worker's admission limit (0: none) and its requests in flight besides the fast path's.
+    fn admission(&self, limit: usize, others: usize) {
+        self.shared.limit.store(limit, Ordering::Relaxed);
+        self.shared.others.store(others, Ordering::Relaxed);
+    }
+
+    /// Fast-path requests running now (the ones the front decided included).
+    fn live(&self) -> usize {
+        self.shared.live.load(Ordering::Relaxed)
     }
 
     /// Slow path for request `id`: forwarded unchanged to the full app (granian's socket).

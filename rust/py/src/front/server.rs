@@ -4,6 +4,7 @@
 
 use std::convert::Infallible;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -107,6 +108,22 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
             return Ok(json(StatusCode::BAD_REQUEST, error_json(400, BAD_BODY, 400.into())));
         }
     };
+    let path = parts.uri.path();
+    if let Some((version, d)) = shared.decide(path, parts.uri.query(), &parts.headers, &raw) {
+        let id = shared.next.fetch_add(1, Ordering::Relaxed);
+        shared.push(Event::Dispatched {
+            id,
+            version,
+            model: d.model,
+            target: d.target,
+            order: d.order,
+            stream: d.stream,
+            chat: path == FAST_PATHS[0],
+            request_id: d.request_id,
+            at: Instant::now(),
+        });
+        return Ok(fast::run(shared.clone(), id, d.plan, t0).await);
+    }
     let (tx, rx) = oneshot::channel();
     let id = shared.wait(tx);
     let headers = parts.headers.iter().map(|(k, v)| (k.as_str().to_string(), latin1(v.as_bytes()))).collect();

@@ -1,0 +1,171 @@
+"""What the Rust front decides on its own thread (docs/rust-front.md, "The decision in Rust").
+
+With the plain round-robin balancer (no router configuration: no scheduler, auth, rate
+limits, fair queuing or session stickiness), a completion whose model's first rule has no
+header, URI or body-model predicate, and whose targets are all plain-HTTP ModelServers
+with endpoints (not PD), needs nothing from Python but the rotation. This module installs
+those models and servers in the front (`Front.install`), tells it which servers are calm
+(every endpoint usable and none on trial: then the rotation over all of them is exactly
+the balancer's choice) and the worker's admission figures. Everything else, and every
+server with an endpoint in trouble, is decided by Python per request as before, with
+the full semantics (ejections, trials, stalls, panic threshold).
+
+The front reports each of its decisions afterwards (`Dispatched`); `Installed` maps the
+indices in that report back to this state's objects. A few earlier installs are kept for
+reports still queued when a new state arrives.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from kthena_router.endpoints.balancer import RoundRobinBalancer
+from kthena_router.endpoints.registry import EndpointState
+from kthena_router.front.plan_cache import PlanCache, ServerPlan
+from kthena_router.identity.model import ANONYMOUS
+from kthena_router.proxy.forward import Forwarder
+from kthena_router.routing.table import RouteMatch
+from kthena_router.state import RouterState
+
+KEEP_INSTALLS = 8
+# how often calm flags follow time-driven health changes (stalls judged, ejections over)
+SYNC_INTERVAL_S = 0.05
+
+
+class Installed:
+    """One installed table: per model (name, per target (match, plan, endpoints)), and the
+    endpoint tuples of its servers in the order the front knows them."""
+
+    __slots__ = ("version", "models", "servers")
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self.models: list[tuple[str, list[tuple[RouteMatch, ServerPlan, tuple[EndpointState, ...]]]]] = []
+        self.servers: list[tuple[EndpointState, ...]] = []
+
+
+def _calm(eps: tuple[EndpointState, ...], now: float) -> bool:
+    for ep in eps:
+        h = ep.health
+        if h.trial or not h.usable(now):
+            return False
+    return True
+
+
+class FrontTable:
+    """Per worker: keeps the front's table in step with the state and endpoint health."""
+
+    def __init__(self, forwarder: Forwarder, core: Any, plans: PlanCache) -> None:
+        self.fw = forwarder
+        self.core = core
+        self.plans = plans
+        self.state: RouterState | None = None
+        self.current: Installed | None = None
+        self.installs: dict[int, Installed] = {}
+        self.version = 0
+        self.flags: list[bool] = []
+        self.admission: tuple[int, int] = (-1, -1)
+        self.dirty = False  # an attempt failed since the last sync: health may have changed
+
+    def enabled(self) -> bool:
+        fw = self.fw
+        return (fw.settings.front_table and type(fw.executor.balancer) is RoundRobinBalancer and fw.auth is None
+                and fw.fairness is None)
+
+    def sync(self, live: int) -> None:
+        """After each wake-up (cheap unless the state changed or an attempt failed) and every
+        SYNC_INTERVAL_S. `live`: the fast-path requests Python accounts for."""
+        fw = self.fw
+        state = fw.holder.current
+        if state is None or not self.enabled():
+            if self.current is not None:
+                self.core.uninstall()
+                self.current, self.state = None, None
+            return
+        if state is not self.state:
+            self._install(state)
+            self.dirty = True
+        admission = (state.traffic.admission.max_in_flight_per_worker,
+                     max(0, fw.in_flight - live - fw.zero_hold.held))
+        if admission != self.admission:
+            self.admission = admission
+            self.core.admission(*admission)
+        if self.dirty:
+            self.health()
+
+    def health(self) -> None:
+        """Pushes the calm flags when they changed."""
+        self.dirty = False
+        inst = self.current
+        if inst is None:
+            return
+        now = time.monotonic()
+        flags = [_calm(eps, now) for eps in inst.servers]
+        if flags != self.flags:
+            self.flags = flags
+            self.core.calm(inst.version, flags)
+
+    def _plain_server(self, state: RouterState, match: Any) -> tuple[EndpointState, ...] | None:
+        if type(match) is not RouteMatch:
+            return None
+        fw = self.fw
+        server = match.server
+        eps = state.targets.get(server.key)
+        if not eps or any(ep.ssl for ep in eps) or (state.pd and state.pd.get(server.key) is not None):
+            return None
+        if fw.limiter is not None and fw.limiter.plan(match.route, ANONYMOUS) is not None:
+            return None
+        if fw.sticky.for_route(match.route) is not None:
+            return None
+        return eps
+
+    def _install(self, state: RouterState) -> None:
+        self.version += 1
+        inst = Installed(self.version)
+        models: list[tuple[str, list[tuple[int, int]], int, bytes | None]] = []
+        servers: list[tuple[Any, ...]] = []
+        index: dict[Any, int] = {}
+        default_retry = self.fw.settings.default_retry_endpoints
+        for name, is_lora, rule in state.table.first_rules():
+            if rule.headers or rule.uri is not None or rule.body_model not in (None, name):
+                continue
+            targets: list[tuple[RouteMatch, ServerPlan, tuple[EndpointState, ...]]] = []
+            for m in rule.matches:
+                eps = self._plain_server(state, m)
+                if eps is None:
+                    break
+                if is_lora:
+                    m = RouteMatch(m.route, m.rule, m.server, name, True)
+                targets.append((m, self.plans.server(state, m.route, m.server), eps))
+            else:
+                if not targets:
+                    continue
+                cum = rule.cum if rule.cum is not None else list(range(1, len(targets) + 1))
+                refs = []
+                for m, plan, eps in targets:
+                    key = m.server.key
+                    if key not in index:
+                        index[key] = len(servers)
+                        inst.servers.append(eps)
+                        hosts = [self.plans.host(ep) for ep in eps]
+                        retry = m.server.retry_attempts
+                        servers.append(([a for a, _ in hosts], [h for _, h in hosts], -1 if retry is None else retry,
+                                        default_retry, plan.extra_headers, plan.timeouts, plan.max_buffered))
+                    refs.append(index[key])
+                # the body's model as the engine needs it (decide.py: rewrite)
+                up = targets[0][0].upstream_model
+                same = all(t[0].upstream_model == up for t in targets)
+                if not same:
+                    continue  # per-target names: Python splices per pick
+                rewrite = None if is_lora or up == name else orjson.dumps(up)
+                models.append((name, list(zip(cum, refs, strict=True)), rule.total, rewrite))
+                inst.models.append((name, targets))
+        self.core.install(inst.version, models, servers)
+        self.flags = [False] * len(servers)
+        self.state, self.current = state, inst
+        self.installs[inst.version] = inst
+        for v in [v for v in self.installs if v <= inst.version - KEEP_INSTALLS]:
+            del self.installs[v]
