@@ -419,8 +419,9 @@ def start(args: argparse.Namespace, tmp: Path) -> tuple[Target, list[Child]]:
     router = Child("router", [
         sys.executable, "-m", "kthena_router.cli", "--config", str(config), "--host", HOST, "--port", str(port),
         "--admin-host", HOST, "--admin-port", str(admin), "--workers", str(args.workers),
-        "--max-body-bytes", str(MAX_BODY_BYTES), "--router-config", str(ROUTER_CONFIG), "--drain-grace-s", "2",
-        "--log-level", "error",
+        "--max-body-bytes", str(MAX_BODY_BYTES), *(["--router-config", str(ROUTER_CONFIG)]
+                                                   if args.scheduling == "prefix-cache" else []),
+        "--drain-grace-s", "2", "--log-level", "error",
     ])
     children.insert(0, router)
     wait_router_ready(router, admin, stop)
@@ -437,6 +438,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=30.0, help="per exchange, seconds")
     p.add_argument("--batch", type=int, default=2000, help="cases generated, then sent, at a time")
     p.add_argument("--workers", type=int, default=2, help="router workers (when started here)")
+    p.add_argument("--scheduling", choices=["prefix-cache", "none"], default="prefix-cache",
+                   help="router started here: prefix-cache.yaml (Python decides every completion), or no "
+                        "router configuration (round-robin: the Rust front decides plain routes itself)")
     p.add_argument("--router", help="host:port of a running router (else one is started)")
     p.add_argument("--router-admin", help="its admin URL, e.g. http://127.0.0.1:15000")
     p.add_argument("--sim-admin", help="the simulator's admin URL")

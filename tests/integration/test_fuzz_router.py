@@ -1,5 +1,5 @@
 """A short run of the fuzz driver (loadtest/fuzz_router.py) against a real router (2 workers,
-prefix-cache scheduling, a 64 KiB body limit) in front of the real simulator: generated valid
+prefix-cache scheduling, or none: the front decides; a 64 KiB body limit) in front of the real simulator: generated valid
 and malformed requests on every proxied path, odd methods and headers, chunked, oversized and
 truncated bodies, raw-socket garbage, streaming and not, client aborts. It fails on any
 router-made 5xx, non-OpenAI error body, missing reply, broken stream, leak, hang, restarted
@@ -22,19 +22,24 @@ FAMILIES = {"valid", "stream", "wrong_field", "garbage_json", "unknown_model", "
             "chunked", "large", "oversized", "truncated", "bad_chunked", "wire", "abort"}
 
 
-@pytest.fixture
-def fuzz_router(simulator: harness.Simulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Router]:
+@pytest.fixture(params=["prefix-cache", "front-table"])
+def fuzz_router(request: pytest.FixtureRequest, simulator: harness.Simulator,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[harness.Router, str]]:
+    """prefix-cache.yaml (Python decides every completion), or no router configuration
+    (round-robin: the Rust front decides plain routes itself, front/table.py)."""
     work = tmp_path_factory.mktemp("fuzz")
     cfg = harness.write_config(work / "router.yaml", harness.engine_config(simulator.ports, lora=("demo-lora-a",
                                                                                                    "demo-lora-b")))
     sched = harness.REPO / "configs" / "scheduling" / "prefix-cache.yaml"
+    extra = ["--router-config", str(sched)] if request.param == "prefix-cache" else []
     with harness.start_router(cfg, work, workers=2, extra_args=["--max-body-bytes", str(MAX_BODY_BYTES),
-                                                                "--router-config", str(sched)]) as r:
-        yield r
+                                                                *extra]) as r:
+        yield r, request.param
 
 
-def test_short_fuzz_run_finds_no_violation(fuzz_router: harness.Router, simulator: harness.Simulator,
+def test_short_fuzz_run_finds_no_violation(fuzz_router: tuple[harness.Router, str], simulator: harness.Simulator,
                                            tmp_path) -> None:
+    fuzz_router, scheduling = fuzz_router
     report = tmp_path / "fuzz.json"
     argv = [sys.executable, "-m", "loadtest.fuzz_router", "--requests", str(REQUESTS), "--seed", "7",
             "--router", f"{harness.HOST}:{fuzz_router.port}", "--router-admin", fuzz_router.admin_url,
@@ -49,3 +54,6 @@ def test_short_fuzz_run_finds_no_violation(fuzz_router: harness.Router, simulato
     assert set(data["by_kind_status"]) >= FAMILIES, sorted(data["by_kind_status"])
     assert data["by_kind_status"]["valid"].get("200", 0) > 0 and data["by_kind_status"]["stream"].get("200", 0) > 0
     assert harness.engine_total(simulator) > 0
+    table = harness.metric_value(harness.parse_metrics(fuzz_router.metrics_text()),
+                                 "kthena_router_front_table_decisions_total")
+    assert (table > 0) == (scheduling == "front-table"), table  # which side decided the valid ones
