@@ -7,10 +7,10 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http1 as server_http1;
 use hyper::service::service_fn;
@@ -72,6 +72,47 @@ fn latin1(b: &[u8]) -> String {
     b.iter().map(|c| *c as char).collect()
 }
 
+/// Bytes past the limit read and dropped before the 413 goes out: closing a connection with
+/// unread input sends a TCP reset, which can destroy the 413 before a client still sending
+/// reads it (proxy/body.py's DRAIN_BYTES, as Go's net/http).
+const DRAIN_BYTES: usize = 1 << 20;
+
+enum BodyError {
+    /// Longer than the limit (read on up to DRAIN_BYTES more).
+    TooLarge,
+    /// Broken framing, or the connection closed.
+    Broken,
+}
+
+/// The whole body within `max` bytes.
+async fn read_limited(mut body: Incoming, max: usize) -> Result<Bytes, BodyError> {
+    let mut first: Option<Bytes> = None; // a one-frame body goes on uncopied
+    let mut buf = BytesMut::new();
+    let mut size = 0usize;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(|_| BodyError::Broken)?.into_data() else { continue };
+        size += data.len();
+        if size > max {
+            while size <= max + DRAIN_BYTES {
+                match body.frame().await {
+                    Some(Ok(f)) => size += f.into_data().map_or(0, |d| d.len()),
+                    _ => break,
+                }
+            }
+            return Err(BodyError::TooLarge);
+        }
+        if let Some(f) = first.take() {
+            buf.extend_from_slice(&f);
+        }
+        if buf.is_empty() {
+            first = Some(data);
+        } else {
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(first.unwrap_or_else(|| buf.freeze()))
+}
+
 /// Removes the waiting entry when the client leaves before Python has answered.
 struct Waiting<'a> {
     shared: &'a Shared,
@@ -98,15 +139,13 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         return Ok(slow::forward(&shared, req.map(ReqBody::Stream)).await); // the full pipeline answers 413
     }
     let (parts, body) = req.into_parts();
-    let raw = match Limited::new(body, shared.max_body).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                let msg = format!("request body exceeds the router's limit ({} bytes)", shared.max_body);
-                return Ok(json(StatusCode::PAYLOAD_TOO_LARGE, error_json(413, &msg, 413.into())));
-            }
-            return Ok(json(StatusCode::BAD_REQUEST, error_json(400, BAD_BODY, 400.into())));
+    let raw = match read_limited(body, shared.max_body).await {
+        Ok(b) => b,
+        Err(BodyError::TooLarge) => {
+            let msg = format!("request body exceeds the router's limit ({} bytes)", shared.max_body);
+            return Ok(json(StatusCode::PAYLOAD_TOO_LARGE, error_json(413, &msg, 413.into())));
         }
+        Err(BodyError::Broken) => return Ok(json(StatusCode::BAD_REQUEST, error_json(400, BAD_BODY, 400.into()))),
     };
     let path = parts.uri.path();
     if let Some((version, d)) = shared.decide(path, parts.uri.query(), &parts.headers, &raw) {
