@@ -17,6 +17,7 @@ reports still queued when a new state arrives.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -29,6 +30,8 @@ from kthena_router.identity.model import ANONYMOUS
 from kthena_router.proxy.forward import Forwarder
 from kthena_router.routing.table import RouteMatch
 from kthena_router.state import RouterState
+
+log = logging.getLogger(__name__)
 
 KEEP_INSTALLS = 8
 # how often calm flags follow time-driven health changes (stalls judged, ejections over)
@@ -86,7 +89,12 @@ class FrontTable:
                 self.current, self.state = None, None
             return
         if state is not self.state:
-            self._install(state)
+            try:
+                self._install(state)
+            except Exception:  # Python decides everything for this state; not retried per wake-up
+                log.exception("rust front: installing the decision table failed; Python decides")
+                self.core.uninstall()
+                self.state, self.current = state, None
             self.dirty = True
         admission = (state.traffic.admission.max_in_flight_per_worker,
                      max(0, fw.in_flight - live - fw.zero_hold.held))
