@@ -7,7 +7,7 @@ never changes config, route table or endpoint lists under an in-flight request.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import orjson
@@ -63,11 +63,13 @@ class StateHolder:
     see one reference, swapped by assignment.
     """
 
-    __slots__ = ("current", "generation")
+    __slots__ = ("current", "generation", "listeners")
 
     def __init__(self) -> None:
         self.current: RouterState | None = None
         self.generation = 0
+        # called after each install, on the loop: whatever caches the state follows it at once
+        self.listeners: list[Callable[[RouterState], None]] = []
 
     def install(self, state: RouterState, based_on: int) -> bool:
         """Install ``state`` if ``based_on`` is still the current generation."""
@@ -75,4 +77,6 @@ class StateHolder:
             return False
         self.current = state
         self.generation += 1
+        for listener in self.listeners:
+            listener(state)
         return True

@@ -116,8 +116,11 @@ class FastPath:
         self.batch.flush()
 
     def close(self) -> None:
-        """The front is gone: writes go straight to prometheus again."""
+        """The front is gone: writes go straight to prometheus again; states stop reaching it."""
         self.batch.flush()
+        listeners = self.fw.holder.listeners
+        if self.table.on_state in listeners:
+            listeners.remove(self.table.on_state)
         if self.metrics.deferred is self.batch:
             self.metrics.deferred = None
 

@@ -72,6 +72,13 @@ class FrontTable:
         self.flags: list[bool] = []
         self.admission: tuple[int, int] = (-1, -1)
         self.dirty = False  # an attempt failed since the last sync: health may have changed
+        # a new state (new endpoints: a Terminating pod gone) reaches the front before the
+        # next request, not at the next wake-up
+        forwarder.holder.listeners.append(self.on_state)
+
+    def on_state(self, state: RouterState) -> None:
+        if self.current is not None or self.enabled():
+            self.sync(-1)
 
     def enabled(self) -> bool:
         fw = self.fw
@@ -96,6 +103,9 @@ class FrontTable:
                 self.core.uninstall()
                 self.state, self.current = state, None
             self.dirty = True
+        if live < 0:  # from on_state: the admission figures follow at the next wake-up
+            self.health()
+            return
         admission = (state.traffic.admission.max_in_flight_per_worker,
                      max(0, fw.in_flight - live - fw.zero_hold.held))
         if admission != self.admission:

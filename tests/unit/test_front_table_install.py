@@ -41,6 +41,7 @@ def _eps(app: str, *ports: int) -> list[dict[str, Any]]:
 
 
 def _state(tmp_path: Path) -> RouterState:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     docs = [
         route("plain", "plain-m", server="s"),
         route("guarded", "guarded-m", rules=[{"modelMatch": {"headers": {"x-tier": {"exact": "gold"}}},
@@ -126,3 +127,17 @@ def test_admission_figures_follow_the_worker(tmp_path: Path) -> None:
     fw.in_flight = 5
     table.sync(2)  # 2 of the 5 are fast-path requests Python accounts for
     assert [c for c in core.calls if c[0] == "admission"][-1] == ("admission", 1024, 3)
+
+
+def test_a_new_state_reaches_the_front_at_its_install(tmp_path: Path) -> None:
+    """Not at the next wake-up: a request in between would go to a pod that is gone."""
+    core = Core()
+    first = _state(tmp_path / "a")
+    table, fw = _table(first, core)
+    table.sync(0)
+    installs = [c for c in core.calls if c[0] == "install"]
+    second = _state(tmp_path / "b")
+    assert fw.holder.install(second, fw.holder.generation)
+    now = [c for c in core.calls if c[0] == "install"]
+    assert len(now) == len(installs) + 1 and table.state is second
+    assert [c for c in core.calls if c[0] == "calm"][-1][1] == now[-1][1]  # its servers are calm at once
