@@ -159,7 +159,10 @@ class FrontTable:
                     m = RouteMatch(m.route, m.rule, m.server, name, True)
                 targets.append((m, self.plans.server(state, m.route, m.server), eps))
             else:
-                if not targets:
+                # the body's model as the engine needs it (decide.py: rewrite); per-target
+                # names would need a splice per pick: Python's
+                up = targets[0][0].upstream_model if targets else None
+                if up is None or any(t[0].upstream_model != up for t in targets):
                     continue
                 cum = rule.cum if rule.cum is not None else list(range(1, len(targets) + 1))
                 refs = []
@@ -173,11 +176,6 @@ class FrontTable:
                         servers.append(([a for a, _ in hosts], [h for _, h in hosts], -1 if retry is None else retry,
                                         default_retry, plan.extra_headers, plan.timeouts, plan.max_buffered))
                     refs.append(index[key])
-                # the body's model as the engine needs it (decide.py: rewrite)
-                up = targets[0][0].upstream_model
-                same = all(t[0].upstream_model == up for t in targets)
-                if not same:
-                    continue  # per-target names: Python splices per pick
                 rewrite = None if is_lora or up == name else orjson.dumps(up)
                 models.append((name, list(zip(cum, refs, strict=True)), rule.total, rewrite))
                 inst.models.append((name, targets))
