@@ -326,6 +326,9 @@ class FairQueue:
     def waiting(self) -> list[tuple[int, int, int]]:
         """(ticket, class_id, tenant) of every waiter, in arrival order."""
 
+def render_prompt(body: bytes, chat: bool) -> bytes | None:
+    """scheduling/render.py's render_request(orjson.loads(body), chat) for common shapes; None: Python must render."""
+
 class Front:
     """One worker's Rust front end (`--interface rust`, auto's usual choice, rust/py/src/front/,
     docs/rust-front.md): an HTTP/1.1 server on host:port (SO_REUSEPORT, TCP_NODELAY) on its own

@@ -109,6 +109,16 @@ class SwitchingBalancer:
         self._live[ep.key] = self._live.get(ep.key, 0) + 1
         self.inner.dispatched(ep, info)
 
+    def front_dispatched(self, scheduler: Scheduler, key: Any, ep: Any, info: Any, match_s: float,
+                         schedule_s: float, best: float) -> None:
+        """The Rust front dispatched to `ep` with `scheduler` (front/table.py); replaced since:
+        its attempt finishes as an orphan."""
+        if scheduler is not self.inner:
+            self._orphans[ep.key] = self._orphans.get(ep.key, 0) + 1
+            return
+        self._live[ep.key] = self._live.get(ep.key, 0) + 1
+        scheduler.front_dispatched(key, ep, info, match_s, schedule_s, best)
+
     def finished(self, ep: Any, ttft_s: float | None = None, tpot_s: float | None = None) -> None:
         key = ep.key
         if self._orphans and _take(self._orphans, key):

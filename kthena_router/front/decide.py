@@ -237,9 +237,11 @@ class FastPath:
         self._register(rid, order, info, body.model, label, plan, hdrs.request_id, body.stream, None)
 
     def _register(self, rid: int, order: list[EndpointState], info: RequestInfo | None, model: str, label: str,
-                  plan: ServerPlan, request_id: str, stream: bool, sent: float | None) -> None:
+                  plan: ServerPlan, request_id: str, stream: bool, sent: float | None,
+                  front: tuple[Any, ...] | None = None) -> None:
         """A fast-path request is under way: gauges, in-flight counts, the first attempt's
-        health record (sent at `sent`, monotonic; None: now)."""
+        health record (sent at `sent`, monotonic; None: now). `front`: the front's scheduler
+        decision (scheduler, server key, match s, schedule s, best share), half accounted."""
         fw = self.fw
         batch = self.batch
         batch.add(self.n_fast, 1)
@@ -248,24 +250,37 @@ class FastPath:
         batch.add(downstream, 1)
         gauge = self.metrics.upstream(plan.route_label, plan.server_label, ep.key)
         batch.add(gauge, 1)
-        self.balancer.dispatched(ep, info)
+        if front is None:
+            self.balancer.dispatched(ep, info)
+        else:
+            self.balancer.front_dispatched(front[0], front[1], ep, info, *front[2:])
         fw.in_flight += 1
         fw.idle.clear()
         self.live[rid] = _Live(order, info, ep.health.begin(sent), downstream, gauge, model, label, plan,
                                request_id, stream)
 
     def decided(self, rid: int, version: int, model: int, target: int, order: list[int], stream: bool, chat: bool,
-                request_id: str, age: float) -> None:
-        """The front decided request `rid` itself (front/table.py), `age` seconds ago."""
+                request_id: str, age: float, sched: tuple[Any, int, float, float, float] | None = None) -> None:
+        """The front decided request `rid` itself (front/table.py), `age` seconds ago; `sched`:
+        its scheduler decision's (hashes, prompt bytes, match s, schedule s, best share)."""
         inst = self.table.installs.get(version)
         if inst is None:  # more installs since than are kept: cannot happen within a wake-up or two
             log.error("rust front: request %d decided on table %d, no longer known", rid, version)
             return
         name, targets = inst.models[model]
-        _match, plan, eps = targets[target]
+        match, plan, eps = targets[target]
         self.batch.add(self.n_front, 1)
-        self._register(rid, [eps[i] for i in order], None, name, self._labels[chat], plan, request_id, stream,
-                       time.monotonic() - age)
+        label = self._labels[chat]
+        info = front = None
+        if sched is not None and inst.scheduler is not None:
+            hashes, prompt_bytes, match_s, schedule_s, best = sched
+            server = match.server
+            path = "/v1/chat/completions" if chat else "/v1/completions"
+            info = RequestInfo(request_id, path, None, server.model or match.upstream_model, "", name)
+            info.hashes, info.prompt_bytes = hashes, prompt_bytes
+            front = (inst.scheduler, server.key, match_s, schedule_s, best)
+        self._register(rid, [eps[i] for i in order], info, name, label, plan, request_id, stream,
+                       time.monotonic() - age, front)
 
     # --- completion ---------------------------------------------------------------------
 

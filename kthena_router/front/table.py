@@ -1,14 +1,17 @@
 """What the Rust front decides on its own thread (docs/rust-front.md, "The decision in Rust").
 
-With the plain round-robin balancer (no router configuration: no scheduler, auth, rate
-limits, fair queuing or session stickiness), a completion whose model's first rule has no
-header, URI or body-model predicate, and whose targets are all plain-HTTP ModelServers
-with endpoints (not PD), needs nothing from Python but the rotation. This module installs
-those models and servers in the front (`Front.install`), tells it which servers are calm
-(every endpoint usable and none on trial: then the rotation over all of them is exactly
-the balancer's choice) and the worker's admission figures. Everything else, and every
-server with an endpoint in trouble, is decided by Python per request as before, with
-the full semantics (ejections, trials, stalls, panic threshold).
+Without auth and fair queuing, a completion whose model's first rule has no header, URI or
+body-model predicate, and whose targets are all plain-HTTP ModelServers with endpoints (not
+PD, no token limit, no session stickiness), needs nothing from Python but the balancer's
+choice. With the plain round-robin balancer that is a rotation; with a router
+configuration's scheduler (prefix-cache and the other Scorer plugins; not the ones whose
+per-request work is Python's, Scheduler.front_eligible) it is the prefix match and the
+Scorer, which the front reads and feeds in place (the same Rust objects Python's decisions
+use). This module installs those models and servers in the front (`Front.install`), tells
+it which servers are calm (every endpoint usable and none on trial: then the choice over
+all of them is exactly the balancer's) and the worker's admission figures. Everything
+else, and every server with an endpoint in trouble, is decided by Python per request as
+before, with the full semantics (ejections, trials, stalls, panic threshold).
 
 The front reports each of its decisions afterwards (`Dispatched`); `Installed` maps the
 indices in that report back to this state's objects. A few earlier installs are kept for
@@ -28,7 +31,9 @@ from kthena_router.endpoints.registry import EndpointState
 from kthena_router.front.plan_cache import PlanCache, ServerPlan
 from kthena_router.identity.model import ANONYMOUS
 from kthena_router.proxy.forward import Forwarder
+from kthena_router.router_config_reload import SwitchingBalancer
 from kthena_router.routing.table import RouteMatch
+from kthena_router.scheduling.scheduler import Scheduler
 from kthena_router.state import RouterState
 
 log = logging.getLogger(__name__)
@@ -39,15 +44,17 @@ SYNC_INTERVAL_S = 0.05
 
 
 class Installed:
-    """One installed table: per model (name, per target (match, plan, endpoints)), and the
-    endpoint tuples of its servers in the order the front knows them."""
+    """One installed table: per model (name, per target (match, plan, endpoints)), the
+    endpoint tuples of its servers in the order the front knows them, and the scheduler
+    the front decides with (None: round-robin)."""
 
-    __slots__ = ("version", "models", "servers")
+    __slots__ = ("version", "models", "servers", "scheduler")
 
-    def __init__(self, version: int) -> None:
+    def __init__(self, version: int, scheduler: Scheduler | None) -> None:
         self.version = version
         self.models: list[tuple[str, list[tuple[RouteMatch, ServerPlan, tuple[EndpointState, ...]]]]] = []
         self.servers: list[tuple[EndpointState, ...]] = []
+        self.scheduler = scheduler
 
 
 def _calm(eps: tuple[EndpointState, ...], now: float) -> bool:
@@ -66,6 +73,7 @@ class FrontTable:
         self.core = core
         self.plans = plans
         self.state: RouterState | None = None
+        self.sched_key: tuple[int, int] = (0, 0)  # the scheduler and KV-matcher generation installed with
         self.current: Installed | None = None
         self.installs: dict[int, Installed] = {}
         self.version = 0
@@ -82,8 +90,23 @@ class FrontTable:
 
     def enabled(self) -> bool:
         fw = self.fw
-        return (fw.settings.front_table and type(fw.executor.balancer) is RoundRobinBalancer and fw.auth is None
-                and fw.fairness is None)
+        if not fw.settings.front_table or fw.auth is not None or fw.fairness is not None:
+            return False
+        return type(fw.executor.balancer) is RoundRobinBalancer or self.scheduler() is not None
+
+    def scheduler(self) -> Scheduler | None:
+        """The router configuration's scheduler, when the front can decide with it."""
+        b = self.fw.executor.balancer
+        if type(b) is SwitchingBalancer and type(b.inner) is Scheduler and b.inner.front_eligible():
+            return b.inner
+        return None
+
+    def _sched_key(self) -> tuple[int, int]:
+        sched = self.scheduler()
+        if sched is None:
+            return (0, 0)
+        m = sched.kv_matcher
+        return (id(sched), m.generation if m is not None else 0)
 
     def sync(self, live: int) -> None:
         """After each wake-up (cheap unless the state changed or an attempt failed) and every
@@ -95,7 +118,7 @@ class FrontTable:
                 self.core.uninstall()
                 self.current, self.state = None, None
             return
-        if state is not self.state:
+        if state is not self.state or self._sched_key() != self.sched_key:
             try:
                 self._install(state)
             except Exception:  # Python decides everything for this state; not retried per wake-up
@@ -142,19 +165,30 @@ class FrontTable:
 
     def _install(self, state: RouterState) -> None:
         self.version += 1
-        inst = Installed(self.version)
-        models: list[tuple[str, list[tuple[int, int]], int, bytes | None]] = []
+        sched = self.scheduler()
+        self.sched_key = self._sched_key()
+        inst = Installed(self.version, sched)
+        models: list[tuple[str, list[tuple[int, int]], int, bytes | None, list[int]]] = []
         servers: list[tuple[Any, ...]] = []
         index: dict[Any, int] = {}
+        views: dict[Any, Any] = {}
         default_retry = self.fw.settings.default_retry_endpoints
         for name, is_lora, rule in state.table.first_rules():
             if rule.headers or rule.uri is not None or rule.body_model not in (None, name):
                 continue
+            if is_lora and sched is not None:
+                continue  # an adapter's id and seed: Python's
             targets: list[tuple[RouteMatch, ServerPlan, tuple[EndpointState, ...]]] = []
             for m in rule.matches:
                 eps = self._plain_server(state, m)
                 if eps is None:
                     break
+                if sched is not None:
+                    key = m.server.key
+                    if key not in views:
+                        views[key] = sched.front_view(key, eps)
+                    if views[key] is None:
+                        break
                 if is_lora:
                     m = RouteMatch(m.route, m.rule, m.server, name, True)
                 targets.append((m, self.plans.server(state, m.route, m.server), eps))
@@ -174,12 +208,16 @@ class FrontTable:
                         hosts = [self.plans.host(ep) for ep in eps]
                         retry = m.server.retry_attempts
                         servers.append(([a for a, _ in hosts], [h for _, h in hosts], -1 if retry is None else retry,
-                                        default_retry, plan.extra_headers, plan.timeouts, plan.max_buffered))
+                                        default_retry, plan.extra_headers, plan.timeouts, plan.max_buffered,
+                                        views.get(key)))
                     refs.append(index[key])
                 rewrite = None if is_lora or up == name else orjson.dumps(up)
-                models.append((name, list(zip(cum, refs, strict=True)), rule.total, rewrite))
+                # the prefix seed of RequestInfo.model (decide.py): the server's model, else the upstream name
+                seeds = [0 if sched is None else sched.front_seed(m.server.model or m.upstream_model)
+                         for m, _, _ in targets]
+                models.append((name, list(zip(cum, refs, strict=True)), rule.total, rewrite, seeds))
                 inst.models.append((name, targets))
-        self.core.install(inst.version, models, servers)
+        self.core.install(inst.version, models, servers, None if sched is None else sched.front_prefix())
         self.flags = [False] * len(servers)
         self.state, self.current = state, inst
         self.installs[inst.version] = inst

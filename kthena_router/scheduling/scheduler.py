@@ -373,6 +373,66 @@ class Scheduler:
                 for listener in self.insert_listeners.values():
                     listener(ep.key, info.hashes)
 
+    # --- the Rust front's decisions (front/table.py) ----------------------------------------
+    def front_eligible(self) -> bool:
+        """Whether the front may decide with this pipeline alone: the prefix match, the Scorer
+        and the attempts. Not with a consistent-hash key, prefill-cost's dispatch feedback or
+        kvcache-aware's exact matching (their per-request work is Python's)."""
+        return not (self.use_key or self.learn_cost or self.kv_aware)
+
+    def front_view(self, key: ServerKey, eps: Sequence[EndpointState]) -> tuple[Scorer, list[int]] | None:
+        """The Scorer of server `key` and its endpoint ids in `eps` order, for the front; None
+        when an endpoint there has a KV-event stream (automatic exact matching is Python's)."""
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = _ServerView(key, self._new_scorer())
+        if view.eps is not eps:
+            self._rebuild(view, eps)
+        m = self.kv_matcher
+        if m is not None and not m.sourced.isdisjoint(view.by_id):
+            return None
+        return view.scorer, [self._ids[ep.key] for ep in eps]
+
+    def front_prefix(self) -> tuple[PrefixIndex, int, int, bool] | None:
+        """The index and the arguments the front matches with, if a prefix plugin scores."""
+        if not self.use_prefix:
+            return None
+        pa = self.prefix_args
+        return self.index, pa.block_size_to_hash, pa.max_blocks_to_match, self.balance_misses
+
+    def front_seed(self, model: str) -> int:
+        """The prefix chain's seed for a base model's requests."""
+        return self._seed(model, "")
+
+    def front_dispatched(self, key: ServerKey, ep: EndpointState, info: RequestInfo, match_s: float,
+                         schedule_s: float, best: float) -> None:
+        """The front decided `info` for `ep` of server `key`: it counted the attempt in flight on
+        that server's Scorer and inserted the prompt's blocks; the rest of `dispatched` (other
+        servers' Scorers, the relays) and `candidates`' metrics are done here."""
+        ep_id = self._ids.get(ep.key)
+        view = self._views.get(key)
+        if ep_id is not None:
+            own = view.scorer if view is not None else None
+            for scorer in self._scorers_of.get(ep.key, ()):
+                if scorer is not own:
+                    scorer.add_in_flight(ep_id, 1)
+            hashes = info.hashes
+            if hashes is not None and len(hashes):
+                if self._kv_dispatched is not None:
+                    self._kv_dispatched(ep_id, hashes)
+                if self.insert_listeners:
+                    for listener in self.insert_listeners.values():
+                        listener(ep.key, hashes)
+        m = self.metrics
+        model = info.model_label
+        if self.use_prefix:
+            m.observe_plugin(model, "prefix-cache", "match", match_s)
+            if best >= 0:
+                m.observe_prefix_ratio(model, best)
+        m.observe_plugin(model, "pipeline", "schedule", schedule_s)
+        if view is not None:
+            m.decision(view.label, ep.key)
+
     def finished(self, ep: EndpointState, ttft_s: float | None = None, tpot_s: float | None = None) -> None:
         """The attempt on `ep` ended (any outcome); latencies as this router measured them."""
         ep_id = self._ids.get(ep.key)

@@ -1,5 +1,6 @@
 """A short run of the fuzz driver (loadtest/fuzz_router.py) against a real router (2 workers,
-prefix-cache scheduling, or none: the front decides; a 64 KiB body limit) in front of the real simulator: generated valid
+prefix-cache scheduling or round-robin, decided by the Rust front or by Python; a 64 KiB body
+limit) in front of the real simulator: generated valid
 and malformed requests on every proxied path, odd methods and headers, chunked, oversized and
 truncated bodies, raw-socket garbage, streaming and not, client aborts. It fails on any
 router-made 5xx, non-OpenAI error body, missing reply, broken stream, leak, hang, restarted
@@ -22,16 +23,19 @@ FAMILIES = {"valid", "stream", "wrong_field", "garbage_json", "unknown_model", "
             "chunked", "large", "oversized", "truncated", "bad_chunked", "wire", "abort"}
 
 
-@pytest.fixture(params=["prefix-cache", "front-table"])
+@pytest.fixture(params=["prefix-cache", "round-robin", "python"])
 def fuzz_router(request: pytest.FixtureRequest, simulator: harness.Simulator,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[harness.Router, str]]:
-    """prefix-cache.yaml (Python decides every completion), or no router configuration
-    (round-robin: the Rust front decides plain routes itself, front/table.py)."""
+    """prefix-cache.yaml or no router configuration (round-robin), the Rust front deciding
+    plain routes itself (front/table.py); or prefix-cache with Python deciding every
+    completion (`--front-table off`)."""
     work = tmp_path_factory.mktemp("fuzz")
     cfg = harness.write_config(work / "router.yaml", harness.engine_config(simulator.ports, lora=("demo-lora-a",
                                                                                                    "demo-lora-b")))
     sched = harness.REPO / "configs" / "scheduling" / "prefix-cache.yaml"
-    extra = ["--router-config", str(sched)] if request.param == "prefix-cache" else []
+    extra = [] if request.param == "round-robin" else ["--router-config", str(sched)]
+    if request.param == "python":
+        extra += ["--front-table", "off"]
     with harness.start_router(cfg, work, workers=2, extra_args=["--max-body-bytes", str(MAX_BODY_BYTES),
                                                                 *extra]) as r:
         yield r, request.param
@@ -56,4 +60,4 @@ def test_short_fuzz_run_finds_no_violation(fuzz_router: tuple[harness.Router, st
     assert harness.engine_total(simulator) > 0
     table = harness.metric_value(harness.parse_metrics(fuzz_router.metrics_text()),
                                  "kthena_router_front_table_decisions_total")
-    assert (table > 0) == (scheduling == "front-table"), table  # which side decided the valid ones
+    assert (table > 0) == (scheduling != "python"), table  # which side decided the valid ones

@@ -10,12 +10,18 @@ from types import SimpleNamespace
 from typing import Any
 
 from config_fixtures import endpoints, load, route, server
+from prometheus_client import CollectorRegistry
 
+from kthena_router._core import PrefixIndex, Scorer
 from kthena_router.endpoints.balancer import RoundRobinBalancer
 from kthena_router.endpoints.registry import EndpointRegistry
 from kthena_router.front.plan_cache import PlanCache
 from kthena_router.front.table import FrontTable
+from kthena_router.metrics import RouterMetrics
+from kthena_router.router_config_reload import SwitchingBalancer
 from kthena_router.routing.table import RouteTable
+from kthena_router.scheduling.config import load_router_configuration_bytes
+from kthena_router.scheduling.scheduler import Scheduler
 from kthena_router.state import RouterState, StateHolder, build_state
 
 
@@ -23,8 +29,8 @@ class Core:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
 
-    def install(self, version: int, models: list[Any], servers: list[Any]) -> None:
-        self.calls.append(("install", version, models, servers))
+    def install(self, version: int, models: list[Any], servers: list[Any], prefix: Any = None) -> None:
+        self.calls.append(("install", version, models, servers, prefix))
 
     def calm(self, version: int, flags: list[bool]) -> None:
         self.calls.append(("calm", version, flags))
@@ -83,10 +89,11 @@ def test_only_plain_routes_are_installed(tmp_path: Path) -> None:
     assert set(models) == {"plain-m", "split-m", "adapter-a", "base-m"}
     servers = install[3]
     assert sorted(len(s[0]) for s in servers) == [1, 2]
-    _, targets, total, rewrite = models["split-m"]
+    _, targets, total, rewrite, seeds = models["split-m"]
     assert [cum for cum, _ in targets] == [3, 4] and total == 4
     assert rewrite == b'"upstream-m"'  # the client's name is replaced by the server's model
     assert models["adapter-a"][3] is None  # an adapter keeps its name upstream
+    assert seeds == [0, 0] and install[4] is None and all(s[7] is None for s in servers)  # the rotation
     # fresh endpoints are usable and not on trial: every installed server is calm
     calm = next(c for c in core.calls if c[0] == "calm")
     assert calm[1] == install[1] and calm[2] == [True, True]
@@ -141,3 +148,45 @@ def test_a_new_state_reaches_the_front_at_its_install(tmp_path: Path) -> None:
     now = [c for c in core.calls if c[0] == "install"]
     assert len(now) == len(installs) + 1 and table.state is second
     assert [c for c in core.calls if c[0] == "calm"][-1][1] == now[-1][1]  # its servers are calm at once
+
+
+def _scheduler(plugins: str) -> SwitchingBalancer:
+    text = "scheduler:\n  plugins:\n" + plugins
+    cfg = load_router_configuration_bytes(text.encode(), source="t.yaml").scheduler
+    return SwitchingBalancer(Scheduler(cfg, RouterMetrics(CollectorRegistry())))
+
+
+PREFIX = "    Score: {enabled: [{name: prefix-cache, weight: 1}, {name: least-request, weight: 1}]}\n"
+
+
+def test_a_prefix_cache_scheduler_is_installed_with_its_scorers_and_index(tmp_path: Path) -> None:
+    core = Core()
+    balancer = _scheduler(PREFIX)
+    sched = balancer.inner
+    table, _ = _table(_state(tmp_path), core, balancer=balancer)
+    table.sync(0)
+    install = next(c for c in core.calls if c[0] == "install")
+    models = {m[0]: m for m in install[2]}
+    assert set(models) == {"plain-m", "split-m", "base-m"}  # not the adapter: its id and seed are Python's
+    assert models["split-m"][4] == [sched.front_seed("upstream-m")] * 2
+    index, block, blocks, misses = install[4]
+    assert index is sched.index and block == sched.prefix_args.block_size_to_hash and blocks > 0
+    assert misses is sched.balance_misses
+    for s in install[3]:
+        scorer, ids = s[7]
+        assert isinstance(scorer, Scorer) and len(ids) == len(s[0])
+        assert sorted(scorer.endpoints()) == sorted(ids)  # the very scorer Python ranks with
+    assert isinstance(index, PrefixIndex)
+    # a reload's new scheduler is installed at the next sync
+    balancer.swap(_scheduler(PREFIX).inner)
+    table.sync(0)
+    assert [c for c in core.calls if c[0] == "install"][-1][4][0] is balancer.inner.index
+
+
+def test_pipelines_with_python_work_per_request_are_not_installed(tmp_path: Path) -> None:
+    for plugins in ("    Score: {enabled: [{name: prefix-hash-bounded, weight: 1}]}\n",
+                    "    Score: {enabled: [{name: prefix-cache, weight: 1}, {name: prefill-cost, weight: 1}]}\n"):
+        core = Core()
+        table, _ = _table(_state(tmp_path), core, balancer=_scheduler(plugins))
+        table.sync(0)
+        assert not any(c[0] == "install" for c in core.calls), plugins

@@ -29,5 +29,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kv_ownership::block_hash_key, m)?)?;
     m.add_class::<fairq::FairQueue>()?;
     m.add_class::<front::Front>()?;
+    m.add_function(wrap_pyfunction!(front::render::render_prompt, m)?)?;
     Ok(())
 }

@@ -1,5 +1,7 @@
 //! Binding of the prefix-cache hashing and index: bytes and ints only.
 
+use std::sync::{Arc, Mutex, MutexGuard};
+
 use crate::gil;
 use kthena_core::{prefix_hash, prefix_index};
 use pyo3::buffer::PyBuffer;
@@ -15,6 +17,12 @@ const GIL_RELEASE_BYTES: usize = 32 * 1024;
 #[pyclass(frozen, module = "kthena_router._core")]
 pub struct BlockHashes {
     hashes: Vec<u64>,
+}
+
+impl BlockHashes {
+    pub fn from_vec(hashes: Vec<u64>) -> Self {
+        BlockHashes { hashes }
+    }
 }
 
 #[pymethods]
@@ -121,12 +129,23 @@ pub fn prefix_key(
 }
 
 /// Which endpoint (u32 id) holds which block hash, with a per-endpoint LRU capacity.
-/// Not thread-safe across Python threads while a long prompt is hashed (the GIL is
-/// released then; a concurrent call raises "Already borrowed"): one index per event loop.
+/// Behind a mutex: the Rust front's table matches and inserts on the same index. A long
+/// prompt is hashed with the GIL released and without the lock.
 #[pyclass(module = "kthena_router._core")]
 pub struct PrefixIndex {
-    inner: prefix_index::PrefixIndex,
+    inner: Arc<Mutex<prefix_index::PrefixIndex>>,
     out: Vec<(u32, u32)>,
+}
+
+impl PrefixIndex {
+    fn lock(&self) -> MutexGuard<'_, prefix_index::PrefixIndex> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The index itself, for the front's table (rust/py/src/front/table.rs).
+    pub fn shared(&self) -> Arc<Mutex<prefix_index::PrefixIndex>> {
+        self.inner.clone()
+    }
 }
 
 #[pymethods]
@@ -136,7 +155,7 @@ impl PrefixIndex {
     #[pyo3(signature = (default_capacity, *, hint_slots = 0))]
     fn new(default_capacity: u32, hint_slots: u32) -> Self {
         PrefixIndex {
-            inner: prefix_index::PrefixIndex::with_hints(default_capacity, hint_slots),
+            inner: Arc::new(Mutex::new(prefix_index::PrefixIndex::with_hints(default_capacity, hint_slots))),
             out: Vec::new(),
         }
     }
@@ -144,7 +163,7 @@ impl PrefixIndex {
     /// Slots of the evicted-owner hint table (0 without hints).
     #[getter]
     fn hint_slots(&self) -> usize {
-        self.inner.hint_slots()
+        self.lock().hint_slots()
     }
 
     /// The request path in one call: hash the prompt, then match the chain.
@@ -158,52 +177,54 @@ impl PrefixIndex {
         max_blocks: usize,
     ) -> PyResult<(BlockHashes, Vec<(u32, u32)>)> {
         let hashes = hash_prompt(py, prompt, block_size, seed, max_blocks)?;
-        self.inner.match_hashes(&hashes, &mut self.out);
-        Ok((BlockHashes { hashes }, self.out.clone()))
+        let PrefixIndex { inner, out } = self;
+        inner.lock().unwrap_or_else(|e| e.into_inner()).match_hashes(&hashes, out);
+        Ok((BlockHashes { hashes }, out.clone()))
     }
 
     /// Match precomputed hashes: [(endpoint, matched_blocks)] for endpoints matching >= 1.
     fn match_hashes(&mut self, hashes: &BlockHashes) -> Vec<(u32, u32)> {
-        self.inner.match_hashes(&hashes.hashes, &mut self.out);
-        self.out.clone()
+        let PrefixIndex { inner, out } = self;
+        inner.lock().unwrap_or_else(|e| e.into_inner()).match_hashes(&hashes.hashes, out);
+        out.clone()
     }
 
     /// Record that `endpoint` now holds the chain (call at dispatch).
     fn insert(&mut self, endpoint: u32, hashes: &BlockHashes) {
-        self.inner.insert(endpoint, &hashes.hashes);
+        self.lock().insert(endpoint, &hashes.hashes);
     }
 
     /// Forget these hashes for `endpoint`; returns how many it held.
     fn evict(&mut self, endpoint: u32, hashes: &BlockHashes) -> usize {
-        self.inner.evict(endpoint, &hashes.hashes)
+        self.lock().evict(endpoint, &hashes.hashes)
     }
 
     /// Purge an endpoint; returns the entries removed.
     fn remove_endpoint(&mut self, endpoint: u32) -> usize {
-        self.inner.remove_endpoint(endpoint)
+        self.lock().remove_endpoint(endpoint)
     }
 
     /// Set an endpoint's capacity in entries, evicting its least recently used above it.
     fn set_capacity(&mut self, endpoint: u32, capacity: u32) {
-        self.inner.set_capacity(endpoint, capacity);
+        self.lock().set_capacity(endpoint, capacity);
     }
 
     fn endpoint_len(&self, endpoint: u32) -> usize {
-        self.inner.endpoint_len(endpoint)
+        self.lock().endpoint_len(endpoint)
     }
 
     fn endpoints(&self) -> Vec<u32> {
-        let mut v = self.inner.endpoints();
+        let mut v = self.lock().endpoints();
         v.sort_unstable();
         v
     }
 
     /// Bytes allocated by the index's own structures.
     fn memory_bytes(&self) -> usize {
-        self.inner.memory_bytes()
+        self.lock().memory_bytes()
     }
 
     fn __len__(&self) -> usize {
-        self.inner.len()
+        self.lock().len()
     }
 }

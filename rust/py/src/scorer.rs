@@ -2,6 +2,7 @@
 //! one `schedule` call per request returning endpoint ids.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use kthena_core::policies::Args;
 use kthena_core::scorer;
@@ -24,12 +25,23 @@ fn arg_number(v: &Bound<'_, PyAny>) -> Option<f64> {
 }
 
 /// Filter and score plugins by Kthena name over endpoint signals held in Rust.
-/// Not for concurrent use from several threads (one per event loop / worker).
+/// Behind a mutex: the Rust front's table scores on the very state Python feeds.
 #[pyclass(module = "kthena_router._core")]
 pub struct Scorer {
-    inner: scorer::Scorer,
+    inner: Arc<Mutex<scorer::Scorer>>,
     out: Vec<u32>,
     warnings: Vec<String>,
+}
+
+impl Scorer {
+    fn lock(&self) -> MutexGuard<'_, scorer::Scorer> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The scorer itself, for the front's table (rust/py/src/front/table.rs).
+    pub fn shared(&self) -> Arc<Mutex<scorer::Scorer>> {
+        self.inner.clone()
+    }
 }
 
 #[pymethods]
@@ -69,7 +81,7 @@ impl Scorer {
         let inner = scorer::Scorer::new(&cfg).map_err(PyValueError::new_err)?;
         warnings.extend(inner.warnings().iter().cloned());
         Ok(Scorer {
-            inner,
+            inner: Arc::new(Mutex::new(inner)),
             out: Vec::new(),
             warnings,
         })
@@ -84,26 +96,26 @@ impl Scorer {
     /// Times the hot-spot guard made load win.
     #[getter]
     fn hot_spot_count(&self) -> u64 {
-        self.inner.hot_spot_count()
+        self.lock().hot_spot_count()
     }
 
     /// `identity`: the endpoint's address bytes (e.g. b"10.0.0.5:8000"), the same in every
     /// router process: consistent hashing ranks its hash, not the process's id.
     #[pyo3(signature = (endpoint, identity=None))]
     fn add_endpoint(&mut self, endpoint: u32, identity: Option<&[u8]>) {
-        self.inner.add_endpoint(endpoint);
+        self.lock().add_endpoint(endpoint);
         if let Some(b) = identity {
             // xxh3-64 of the bytes, as the request-id hash.
-            self.inner.set_identity(endpoint, scorer::request_hash(b));
+            self.lock().set_identity(endpoint, scorer::request_hash(b));
         }
     }
 
     fn remove_endpoint(&mut self, endpoint: u32) -> bool {
-        self.inner.remove_endpoint(endpoint)
+        self.lock().remove_endpoint(endpoint)
     }
 
     fn endpoints(&self) -> Vec<u32> {
-        self.inner.endpoints()
+        self.lock().endpoints()
     }
 
     #[pyo3(signature = (endpoint, running, waiting, kv_usage, ttft_s=f64::NAN, tpot_s=f64::NAN))]
@@ -116,36 +128,37 @@ impl Scorer {
         ttft_s: f64,
         tpot_s: f64,
     ) {
-        self.inner
+        self.lock()
             .update_metrics(endpoint, running, waiting, kv_usage, ttft_s, tpot_s);
     }
 
     fn mark_stale(&mut self, endpoint: u32) {
-        self.inner.mark_stale(endpoint);
+        self.lock().mark_stale(endpoint);
     }
 
     fn add_in_flight(&mut self, endpoint: u32, delta: i64) -> u32 {
-        self.inner.add_in_flight(endpoint, delta)
+        self.lock().add_in_flight(endpoint, delta)
     }
 
     #[pyo3(signature = (endpoint, ttft_s=f64::NAN, tpot_s=f64::NAN))]
     fn observe_latency(&mut self, endpoint: u32, ttft_s: f64, tpot_s: f64) {
-        self.inner.observe_latency(endpoint, ttft_s, tpot_s);
+        self.lock().observe_latency(endpoint, ttft_s, tpot_s);
     }
 
     /// A request with `uncached_blocks` of its prompt not matched on the endpoint was
     /// dispatched there now (prefill-cost's pending prefill work).
     fn observe_dispatch(&mut self, endpoint: u32, uncached_blocks: f64) {
-        self.inner.observe_dispatch(endpoint, uncached_blocks);
+        self.lock().observe_dispatch(endpoint, uncached_blocks);
     }
 
     fn set_loras(&mut self, endpoint: u32, lora_ids: Vec<u32>, max_loras: u32) {
-        self.inner.set_loras(endpoint, &lora_ids, max_loras);
+        self.lock().set_loras(endpoint, &lora_ids, max_loras);
     }
 
     /// The signals of one endpoint as a dict (admin views, tests); None if unknown.
     fn signals<'py>(&self, py: Python<'py>, endpoint: u32) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let Some(s) = self.inner.signals(endpoint) else {
+        let g = self.lock();
+        let Some(s) = g.signals(endpoint) else {
             return Ok(None);
         };
         let d = PyDict::new(py);
@@ -185,13 +198,14 @@ impl Scorer {
         prefix_key: Option<u64>,
     ) -> Vec<u32> {
         let m = prefix_matches.unwrap_or_default();
-        self.inner.schedule_keyed(
+        let Scorer { inner, out, .. } = self;
+        inner.lock().unwrap_or_else(|e| e.into_inner()).schedule_keyed(
             request_id_hash,
             prefix_key,
             &m,
             lora_id,
             total_blocks,
-            &mut self.out,
+            out,
         );
         self.out.clone()
     }

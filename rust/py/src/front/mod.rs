@@ -13,6 +13,7 @@ mod pool;
 mod server;
 mod slow;
 pub mod sse;
+pub mod render;
 mod stream;
 mod table;
 
@@ -33,13 +34,26 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
+use crate::prefix::{BlockHashes, PrefixIndex};
+use crate::scorer::Scorer;
 use fast::Plan;
 
 pub enum Event {
     /// The front decided this request itself (table.rs): what Python needs to account for it
     /// (the installed table's version, the model's and target's index in it, the endpoints in
     /// attempt order), before its other events.
-    Dispatched { id: u64, version: u64, model: u32, target: u32, order: Vec<u32>, stream: bool, chat: bool, request_id: String, at: Instant },
+    Dispatched {
+        id: u64,
+        version: u64,
+        model: u32,
+        target: u32,
+        order: Vec<u32>,
+        stream: bool,
+        chat: bool,
+        request_id: String,
+        at: Instant,
+        sched: Option<table::Scheduled>,
+    },
     Decide { id: u64, path: String, query: Vec<u8>, headers: Vec<(String, String)>, body: Bytes },
     /// A stream's first event is in hand (its attempts so far; the last one answers).
     FirstByte { id: u64, attempts: Vec<(u32, u8)> },
@@ -246,15 +260,16 @@ impl Front {
     /// `(1, id, status, error, attempts, duration, ttft, att_ttft, tpot, prompt, completion, events)`
     /// for a finished fast-path request, `(2, id, attempts)` when a stream's first event is in hand,
     /// `(3, id, endpoint, events)` every `stream::COUNT_INTERVAL` of a running stream,
-    /// `(4, id, version, model, target, order, stream, chat, request_id, age)` for a request the
-    /// front decided itself (`install`), `age` seconds ago.
+    /// `(4, id, version, model, target, order, stream, chat, request_id, age, sched)` for a request
+    /// the front decided itself (`install`), `age` seconds ago; `sched`: None (rotation) or the
+    /// scheduler's `(hashes or None, prompt bytes, match s, schedule s, best match share or -1)`.
     fn drain<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.shared.notified.store(false, Ordering::Release);
         let events = std::mem::take(&mut *self.shared.events.lock().unwrap_or_else(|e| e.into_inner()));
         let out = PyList::empty(py);
         for ev in events {
             let t = match ev {
-                Event::Dispatched { id, version, model, target, order, stream, chat, request_id, at } => PyTuple::new(py, [
+                Event::Dispatched { id, version, model, target, order, stream, chat, request_id, at, sched } => PyTuple::new(py, [
                     4u8.into_pyobject(py)?.into_any(),
                     id.into_pyobject(py)?.into_any(),
                     version.into_pyobject(py)?.into_any(),
@@ -265,6 +280,19 @@ impl Front {
                     chat.into_pyobject(py)?.to_owned().into_any(),
                     request_id.into_pyobject(py)?.into_any(),
                     at.elapsed().as_secs_f64().into_pyobject(py)?.into_any(),
+                    match sched {
+                        None => py.None().into_bound(py),
+                        Some(s) => PyTuple::new(py, [
+                            match s.hashes {
+                                None => py.None().into_bound(py),
+                                Some(h) => Bound::new(py, BlockHashes::from_vec(h))?.into_any(),
+                            },
+                            s.prompt_bytes.into_pyobject(py)?.into_any(),
+                            s.match_s.into_pyobject(py)?.into_any(),
+                            s.schedule_s.into_pyobject(py)?.into_any(),
+                            s.best.into_pyobject(py)?.into_any(),
+                        ])?.into_any(),
+                    },
                 ])?,
                 Event::Decide { id, path, query, headers, body } => PyTuple::new(py, [
                     0u8.into_pyobject(py)?.into_any(),
@@ -346,15 +374,20 @@ impl Front {
 
     /// Installs the table of models the front decides alone (kthena_router/front/table.py):
     /// `models`: (name, [(cumulative weight, server index)], total weight, the JSON upstream
-    /// model name when it differs from the client's); `servers`: (addrs, hosts, retry
-    /// attempts (negative: the default), default retry endpoints, extra header lines,
-    /// timeouts as in `fast`, max buffered bytes). Servers start not calm (`calm`).
+    /// model name when it differs from the client's, the prefix seed per target); `servers`:
+    /// (addrs, hosts, retry attempts (negative: the default), default retry endpoints, extra
+    /// header lines, timeouts as in `fast`, max buffered bytes, None (round-robin) or the
+    /// scheduler's (Scorer, endpoint id per endpoint)); `prefix`: the scheduler's prefix index
+    /// and (block size, max blocks, balance misses), if a prefix plugin scores. Servers start
+    /// not calm (`calm`).
     #[allow(clippy::type_complexity)]
-    fn install(&self, version: u64, models: Vec<(String, Vec<(u64, u32)>, u64, Option<Vec<u8>>)>,
-               servers: Vec<(Vec<String>, Vec<String>, i64, usize, Vec<u8>, (f64, f64, f64, f64, f64, f64, f64), usize)>)
-               -> PyResult<()> {
+    #[pyo3(signature = (version, models, servers, prefix=None))]
+    fn install(&self, version: u64, models: Vec<(String, Vec<(u64, u32)>, u64, Option<Vec<u8>>, Vec<u64>)>,
+               servers: Vec<(Vec<String>, Vec<String>, i64, usize, Vec<u8>, (f64, f64, f64, f64, f64, f64, f64), usize,
+                             Option<(Bound<'_, Scorer>, Vec<u32>)>)>,
+               prefix: Option<(Bound<'_, PrefixIndex>, usize, usize, bool)>) -> PyResult<()> {
         let mut built = Vec::with_capacity(servers.len());
-        for (addrs, hosts, retries, default_retry, extra, t, max_buffered) in servers {
+        for (addrs, hosts, retries, default_retry, extra, t, max_buffered, sched) in servers {
             if addrs.len() != hosts.len() {
                 return Err(PyValueError::new_err("addrs and hosts: one each per endpoint"));
             }
@@ -365,17 +398,33 @@ impl Front {
             let lines = header_lines(&extra)?;
             let timeouts = (opt(t.0).unwrap_or(Duration::from_secs(3600)), opt(t.1), opt(t.2), opt(t.3), opt(t.4),
                             opt(t.5).unwrap_or(Duration::ZERO), opt(t.6).unwrap_or(Duration::ZERO));
+            let sched = match sched {
+                None => None,
+                Some((scorer, ids)) => {
+                    if ids.len() != addrs.len() {
+                        return Err(PyValueError::new_err("scheduler ids: one per endpoint"));
+                    }
+                    Some(table::Sched { scorer: scorer.borrow().shared(), ids })
+                }
+            };
             built.push(table::Server::new(addrs, hosts, (retries >= 0).then_some(retries as usize), default_retry, lines,
-                                          timeouts, max_buffered));
+                                          timeouts, max_buffered, sched));
         }
         let mut by_name = HashMap::with_capacity(models.len());
-        for (i, (name, targets, total, rewrite)) in models.into_iter().enumerate() {
-            if targets.is_empty() || targets.iter().any(|(_, s)| *s as usize >= built.len()) {
-                return Err(PyValueError::new_err(format!("model {name:?}: a target without its server")));
+        for (i, (name, targets, total, rewrite, seeds)) in models.into_iter().enumerate() {
+            if targets.is_empty() || targets.iter().any(|(_, s)| *s as usize >= built.len()) || seeds.len() != targets.len() {
+                return Err(PyValueError::new_err(format!("model {name:?}: a target without its server or seed")));
             }
-            by_name.insert(name, (i as u32, table::Model { targets, total, rewrite: rewrite.map(Bytes::from) }));
+            by_name.insert(name, (i as u32, table::Model { targets, total, rewrite: rewrite.map(Bytes::from), seeds }));
         }
-        let t = table::Table { version, models: by_name, servers: built };
+        let prefix = match prefix {
+            None => None,
+            Some((_, 0, _, _)) => return Err(PyValueError::new_err("block_size must be positive")),
+            Some((index, block_size, max_blocks, balance_misses)) => {
+                Some(table::Prefix { index: index.borrow().shared(), block_size, max_blocks, balance_misses })
+            }
+        };
+        let t = table::Table { version, models: by_name, servers: built, prefix };
         *self.shared.table.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(t));
         Ok(())
     }

@@ -160,6 +160,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
             chat: path == FAST_PATHS[0],
             request_id: d.request_id,
             at: Instant::now(),
+            sched: d.sched,
         });
         return Ok(fast::run(shared.clone(), id, d.plan, t0).await);
     }

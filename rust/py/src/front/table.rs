@@ -14,15 +14,18 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_ENCODING, CONTENT_TYPE};
-use kthena_core::json_splice;
+use kthena_core::prefix_index::PrefixIndex;
+use kthena_core::{json_splice, prefix_hash, scorer};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::fast::Plan;
+use super::render::{render_chat, render_completion};
 
 /// Request headers that never go upstream (proxy/headers.py `_DROP_REQUEST`).
 const DROP: [&str; 15] = [
@@ -32,6 +35,23 @@ const DROP: [&str; 15] = [
 ];
 const MAX_REQUEST_ID: usize = 200;
 const USAGE_ON: &[u8] = b"{\"include_usage\":true}";
+/// balanceMisses: a best match below this share of the prompt is a miss (scheduler.py).
+const MISS_FRACTION: f64 = 0.5;
+
+/// A server the router configuration's scheduler ranks (scheduling/scheduler.py): its
+/// Scorer, shared with Python, and the scheduler's endpoint id per endpoint index.
+pub struct Sched {
+    pub scorer: Arc<Mutex<scorer::Scorer>>,
+    pub ids: Vec<u32>,
+}
+
+/// The prefix plugin's index (shared with Python) and its arguments.
+pub struct Prefix {
+    pub index: Arc<Mutex<PrefixIndex>>,
+    pub block_size: usize,
+    pub max_blocks: usize,
+    pub balance_misses: bool,
+}
 
 pub struct Server {
     pub addrs: Vec<String>,
@@ -42,6 +62,7 @@ pub struct Server {
     pub extra: Vec<(HeaderName, HeaderValue)>,
     pub timeouts: (Duration, Option<Duration>, Option<Duration>, Option<Duration>, Option<Duration>, Duration, Duration),
     pub max_buffered: usize,
+    pub sched: Option<Sched>,
     rr: AtomicUsize,
     /// Every endpoint usable and none on trial: the rotation alone is the balancer's choice.
     calm: AtomicBool,
@@ -52,8 +73,32 @@ impl Server {
     pub fn new(addrs: Vec<String>, hosts: Vec<HeaderValue>, retries: Option<usize>, default_retry: usize,
                extra: Vec<(HeaderName, HeaderValue)>,
                timeouts: (Duration, Option<Duration>, Option<Duration>, Option<Duration>, Option<Duration>, Duration, Duration),
-               max_buffered: usize) -> Self {
-        Server { addrs, hosts, retries, default_retry, extra, timeouts, max_buffered, rr: AtomicUsize::new(0), calm: AtomicBool::new(false) }
+               max_buffered: usize, sched: Option<Sched>) -> Self {
+        Server { addrs, hosts, retries, default_retry, extra, timeouts, max_buffered, sched, rr: AtomicUsize::new(0),
+                 calm: AtomicBool::new(false) }
+    }
+
+    /// Attempts in order over ranked endpoint indices (front/decide.py `_plan` for calm
+    /// servers: every endpoint usable): the retry policy's count, the unranked endpoints
+    /// appended when it exceeds the ranking (executor.py `with_fallbacks`), cycling.
+    fn attempts(&self, mut ranked: Vec<u32>) -> Vec<u32> {
+        let attempts = match self.retries {
+            Some(r) => {
+                if 1 + r > ranked.len() {
+                    for i in 0..self.addrs.len() as u32 {
+                        if !ranked.contains(&i) {
+                            ranked.push(i);
+                        }
+                    }
+                }
+                1 + r
+            }
+            None => self.default_retry.min(ranked.len()),
+        };
+        if ranked.is_empty() {
+            return Vec::new();
+        }
+        (0..attempts).map(|i| ranked[i % ranked.len()]).collect()
     }
 
     /// Endpoint indices in attempt order: the round-robin rotation, then as many attempts
@@ -75,12 +120,15 @@ pub struct Model {
     pub total: u64,
     /// The JSON-encoded upstream model name when it differs from the client's.
     pub rewrite: Option<Bytes>,
+    /// The prefix hash chain's seed per target (its ModelServer's model).
+    pub seeds: Vec<u64>,
 }
 
 pub struct Table {
     pub version: u64,
     pub models: HashMap<String, (u32, Model)>,
     pub servers: Vec<Server>,
+    pub prefix: Option<Prefix>,
 }
 
 impl Table {
@@ -125,6 +173,18 @@ pub struct Decided {
     pub order: Vec<u32>,
     pub stream: bool,
     pub request_id: String,
+    pub sched: Option<Scheduled>,
+}
+
+/// What a scheduler decision leaves for Python's bookkeeping (scheduler.py `candidates`'
+/// metrics, `dispatched`'s relays, `observe_prompt_tokens`).
+pub struct Scheduled {
+    pub hashes: Option<Vec<u64>>,
+    pub prompt_bytes: usize,
+    pub match_s: f64,
+    pub schedule_s: f64,
+    /// The best match's share of the prompt's blocks; negative: no blocks (no ratio).
+    pub best: f64,
 }
 
 #[derive(Deserialize)]
@@ -143,6 +203,18 @@ struct Top<'a> {
     max_completion_tokens: Option<&'a RawValue>,
     #[serde(borrow, default)]
     stream_options: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+}
+
+/// What body_facts read: the model, stream, whether usage is injected, and the raw prompt
+/// fields (the scheduler renders them).
+struct Facts<'a> {
+    model: String,
+    stream: bool,
+    inject: bool,
+    prompt: &'a RawValue,
+    tools: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -154,7 +226,7 @@ struct StreamOptions<'a> {
 /// Any JSON value, walked in full: strings decoded (a lone surrogate fails), numbers
 /// parsed (one out of a double's range fails), nesting within serde_json's limit. The
 /// raw-value reads below skip values without this; orjson refuses what fails here.
-struct Checked;
+pub(super) struct Checked;
 
 impl<'de> Deserialize<'de> for Checked {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -206,7 +278,7 @@ fn integer(raw: &RawValue) -> bool {
 /// What proxy/body.py's parse_body accepts, judged on this body: (model, stream, inject
 /// usage). None: anything it would refuse, or cases where the Rust reading could differ
 /// from orjson's (duplicate keys, an object to merge include_usage into).
-fn body_facts(raw: &[u8], chat: bool) -> Option<(String, bool, bool)> {
+fn body_facts(raw: &[u8], chat: bool) -> Option<Facts<'_>> {
     if raw.iter().find(|c| !c.is_ascii_whitespace()) != Some(&b'{') {
         return None;
     }
@@ -221,11 +293,11 @@ fn body_facts(raw: &[u8], chat: bool) -> Option<(String, bool, bool)> {
         Some("true") => true,
         _ => return None,
     };
-    if chat {
-        top.messages.filter(|m| m.get().starts_with('['))?;
+    let prompt = if chat {
+        top.messages.filter(|m| m.get().starts_with('['))?
     } else {
-        top.prompt.filter(|p| p.get().starts_with('[') || p.get().starts_with('"'))?;
-    }
+        top.prompt.filter(|p| p.get().starts_with('[') || p.get().starts_with('"'))?
+    };
     for v in [top.max_tokens, top.max_completion_tokens].into_iter().flatten() {
         if !integer(v) {
             return None;
@@ -243,7 +315,7 @@ fn body_facts(raw: &[u8], chat: bool) -> Option<(String, bool, bool)> {
     if inject && present {
         return None; // orjson's re-encoding of the client's object: Python does it
     }
-    Some((model, stream, inject))
+    Some(Facts { model, stream, inject, prompt, tools: top.tools })
 }
 
 /// The upstream header block of proxy/headers.py's RequestHeaders, and the request id.
@@ -303,8 +375,10 @@ pub fn decide(table: &Table, ids: &Ids, path: &str, query: Option<&str>, headers
     if query.is_some_and(|q| !q.is_empty()) {
         return None;
     }
-    let (model, stream, inject) = body_facts(body, path == "/v1/chat/completions")?;
-    let (mi, entry) = table.models.get(&model)?;
+    let chat = path == "/v1/chat/completions";
+    let facts = body_facts(body, chat)?;
+    let (model, stream, inject) = (&facts.model, facts.stream, facts.inject);
+    let (mi, entry) = table.models.get(model)?;
     let ti = if entry.targets.len() == 1 {
         0
     } else {
@@ -327,7 +401,16 @@ pub fn decide(table: &Table, ids: &Ids, path: &str, query: Option<&str>, headers
         reps.push((b"stream_options", USAGE_ON));
     }
     let payload = if reps.is_empty() { body.clone() } else { Bytes::from(json_splice::splice_top_level(body, &reps).ok()?) };
-    let order = server.order();
+    // what can still fail, before the scheduler's side effects
+    let target = http::Uri::from_maybe_shared(Bytes::copy_from_slice(path.as_bytes())).ok()?;
+    let request_id = HeaderValue::from_str(&rid).ok()?;
+    let (order, sched) = match &server.sched {
+        None => (server.order(), None),
+        Some(sc) => {
+            let (order, done) = schedule(table, sc, server, &facts, chat, entry.seeds[ti], &rid)?;
+            (order, Some(done))
+        }
+    };
     if order.is_empty() {
         return None;
     }
@@ -335,7 +418,7 @@ pub fn decide(table: &Table, ids: &Ids, path: &str, query: Option<&str>, headers
     let plan = Plan {
         addrs: order.iter().map(|i| server.addrs[*i as usize].clone()).collect(),
         hosts: order.iter().map(|i| server.hosts[*i as usize].clone()).collect(),
-        target: http::Uri::from_maybe_shared(Bytes::copy_from_slice(path.as_bytes())).ok()?,
+        target,
         headers: hm,
         body: payload,
         stream,
@@ -348,9 +431,78 @@ pub fn decide(table: &Table, ids: &Ids, path: &str, query: Option<&str>, headers
         pool_wait: t.5,
         retry_interval: t.6,
         max_buffered: server.max_buffered,
-        request_id: HeaderValue::from_str(&rid).ok()?,
+        request_id,
     };
-    Some(Decided { plan, model: *mi, target: ti as u32, order, stream, request_id: rid })
+    Some(Decided { plan, model: *mi, target: ti as u32, order, stream, request_id: rid, sched })
+}
+
+/// The scheduler's decision for a calm server, as scheduler.py `candidates` and decide.py
+/// `_plan` make it: the prompt rendered and matched on the prefix index, misses balanced,
+/// the Scorer's ranking, the attempts. The chosen endpoint is counted in flight and owns
+/// the prompt's blocks at once (as `dispatched`), so the next request sees this one.
+fn schedule(table: &Table, sc: &Sched, server: &Server, facts: &Facts, chat: bool, seed: u64, rid: &str)
+            -> Option<(Vec<u32>, Scheduled)> {
+    let t0 = Instant::now();
+    let mut matches: Vec<(u32, u32)> = Vec::new();
+    let mut hashes: Option<Vec<u64>> = None;
+    let mut total = 0u32;
+    let mut best = -1.0;
+    let mut prompt_bytes = 0;
+    if let Some(p) = &table.prefix {
+        let prompt = if chat { render_chat(facts.prompt, facts.tools)? } else { render_completion(facts.prompt)? };
+        prompt_bytes = prompt.len();
+        let mut hs = Vec::new();
+        prefix_hash::chain_hashes(&prompt, p.block_size, seed, p.max_blocks, &mut hs);
+        total = u32::try_from(hs.len()).ok()?;
+        let mut index = p.index.lock().unwrap_or_else(|e| e.into_inner());
+        index.match_hashes(&hs, &mut matches);
+        let top = matches.iter().map(|m| m.1).max().unwrap_or(0);
+        if total > 0 {
+            best = f64::from(top) / f64::from(total);
+        }
+        if p.balance_misses && total > 0 && best < MISS_FRACTION {
+            matches = room(&index, &sc.ids, total);
+        }
+        drop(index);
+        hashes = Some(hs);
+    }
+    let t1 = Instant::now();
+    let mut ids = Vec::new();
+    let rid_hash = scorer::request_hash(rid.as_bytes());
+    sc.scorer.lock().unwrap_or_else(|e| e.into_inner()).schedule_keyed(rid_hash, None, &matches, None, total, &mut ids);
+    let t2 = Instant::now();
+    let mut ranked: Vec<u32> = ids.iter().filter_map(|id| sc.ids.iter().position(|e| e == id)).map(|i| i as u32).collect();
+    if ranked.is_empty() {
+        ranked = (0..server.addrs.len() as u32).collect(); // every ranked one is out: any endpoint
+    }
+    let order = server.attempts(ranked);
+    let first = sc.ids[*order.first()? as usize];
+    sc.scorer.lock().unwrap_or_else(|e| e.into_inner()).add_in_flight(first, 1);
+    if let (Some(p), Some(hs)) = (&table.prefix, &hashes) {
+        if !hs.is_empty() {
+            p.index.lock().unwrap_or_else(|e| e.into_inner()).insert(first, hs);
+        }
+    }
+    let done = Scheduled {
+        hashes, prompt_bytes, match_s: (t1 - t0).as_secs_f64(), schedule_s: (t2 - t1).as_secs_f64(), best,
+    };
+    Some((order, done))
+}
+
+/// balanceMisses (scheduler.py `_room`): each endpoint's index room scaled to [0, 1] between
+/// the fullest and the emptiest endpoint, as matched blocks; equal occupancy: nothing.
+fn room(index: &PrefixIndex, ids: &[u32], total: u32) -> Vec<(u32, u32)> {
+    let occ: Vec<(u32, usize)> = ids.iter().map(|id| (*id, index.endpoint_len(*id))).collect();
+    let hi = occ.iter().map(|o| o.1).max().unwrap_or(0);
+    let lo = occ.iter().map(|o| o.1).min().unwrap_or(0);
+    if hi == lo {
+        return Vec::new();
+    }
+    let span = (hi - lo) as f64;
+    occ.into_iter()
+        .filter(|o| o.1 < hi)
+        .map(|(id, o)| (id, ((f64::from(total) * (hi - o) as f64) / span).round_ties_even() as u32))
+        .collect()
 }
 
 #[cfg(test)]
@@ -359,7 +511,7 @@ mod tests {
 
     #[test]
     fn body_facts_follow_parse_body() {
-        let f = |b: &str, chat| body_facts(b.as_bytes(), chat);
+        let f = |b: &str, chat| body_facts(b.as_bytes(), chat).map(|x| (x.model, x.stream, x.inject));
         assert_eq!(f(r#"{"model":"m","messages":[]}"#, true), Some(("m".into(), false, false)));
         assert_eq!(f(r#"{"model":"m","messages":[],"stream":true}"#, true), Some(("m".into(), true, true)));
         assert_eq!(
@@ -412,14 +564,32 @@ mod tests {
     }
 
     #[test]
+    fn balanced_misses_follow_the_python_room() {
+        let mut index = PrefixIndex::with_hints(100, 0);
+        index.insert(1, &[11, 12, 13, 14]);
+        index.insert(2, &[21, 22]);
+        // hi 4, lo 0: room 0/4, 2/4 (a tie: rounded to even, as Python's round), 4/4
+        assert_eq!(room(&index, &[1, 2, 3], 1), [(2, 0), (3, 1)]);
+        assert_eq!(room(&index, &[1, 2, 3], 10), [(2, 5), (3, 10)]);
+        assert_eq!(room(&index, &[3, 4], 10), []); // equal occupancy: nothing
+    }
+
+    #[test]
     fn rotation_and_attempts() {
         let s = Server::new(vec!["a".into(), "b".into(), "c".into()], vec![HeaderValue::from_static("a"); 3], None, 2,
-                            Vec::new(), (Duration::ZERO, None, None, None, None, Duration::ZERO, Duration::ZERO), 0);
+                            Vec::new(), (Duration::ZERO, None, None, None, None, Duration::ZERO, Duration::ZERO), 0, None);
         assert_eq!(s.order(), [0, 1]);
         assert_eq!(s.order(), [1, 2]);
         assert_eq!(s.order(), [2, 0]);
         let r = Server::new(vec!["a".into()], vec![HeaderValue::from_static("a")], Some(2), 2, Vec::new(),
-                            (Duration::ZERO, None, None, None, None, Duration::ZERO, Duration::ZERO), 0);
+                            (Duration::ZERO, None, None, None, None, Duration::ZERO, Duration::ZERO), 0, None);
         assert_eq!(r.order(), [0, 0, 0]);
+        // ranked attempts: fallbacks appended past the ranking, cycling
+        assert_eq!(r.attempts(vec![0]), [0, 0, 0]);
+        let f = Server::new(vec!["a".into(), "b".into(), "c".into()], vec![HeaderValue::from_static("a"); 3], Some(3), 2,
+                            Vec::new(), (Duration::ZERO, None, None, None, None, Duration::ZERO, Duration::ZERO), 0, None);
+        assert_eq!(f.attempts(vec![2]), [2, 0, 1, 2]);
+        assert_eq!(s.attempts(vec![2, 1, 0]), [2, 1]);
+        assert_eq!(s.attempts(vec![1]), [1]);
     }
 }
