@@ -98,6 +98,10 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     # + least-request; kept as its own row so that its file is what the table measures
     Policy("best", "router", BEST_CONFIG.read_text(), note="ours, configs/scheduling/best.yaml",
            config_file=BEST_CONFIG),
+    # the same, every request decided by Python (the A/B of the Rust front's own decision,
+    # docs/rust-front.md "The scheduler in the table")
+    Policy("best-py", "router", BEST_CONFIG.read_text(), router_args=("--front-table", "off"),
+           note="best.yaml, --front-table off", config_file=BEST_CONFIG),
     # scale-out options (run them as NAME@3): shared approximate index in Redis, and
     # consistent hashing with bounded loads (no shared state)
     Policy("redis-index", "router", BEST_CONFIG.read_text(), shared_index=True,
