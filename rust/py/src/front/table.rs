@@ -469,7 +469,9 @@ fn schedule(table: &Table, sc: &Sched, server: &Server, facts: &Facts, chat: boo
     let t1 = Instant::now();
     let mut ids = Vec::new();
     let rid_hash = scorer::request_hash(rid.as_bytes());
-    sc.scorer.lock().unwrap_or_else(|e| e.into_inner()).schedule_keyed(rid_hash, None, &matches, None, total, &mut ids);
+    // ranked and counted under one lock: a decision on another front thread sees this one
+    let mut scorer = sc.scorer.lock().unwrap_or_else(|e| e.into_inner());
+    scorer.schedule_keyed(rid_hash, None, &matches, None, total, &mut ids);
     let t2 = Instant::now();
     let mut ranked: Vec<u32> = ids.iter().filter_map(|id| sc.ids.iter().position(|e| e == id)).map(|i| i as u32).collect();
     if ranked.is_empty() {
@@ -477,7 +479,8 @@ fn schedule(table: &Table, sc: &Sched, server: &Server, facts: &Facts, chat: boo
     }
     let order = server.attempts(ranked);
     let first = sc.ids[*order.first()? as usize];
-    sc.scorer.lock().unwrap_or_else(|e| e.into_inner()).add_in_flight(first, 1);
+    scorer.add_in_flight(first, 1);
+    drop(scorer);
     if let (Some(p), Some(hs)) = (&table.prefix, &hashes) {
         if !hs.is_empty() {
             p.index.lock().unwrap_or_else(|e| e.into_inner()).insert(first, hs);
