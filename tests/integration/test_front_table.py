@@ -183,7 +183,8 @@ def test_python_accounts_for_what_the_front_decided(routers: tuple[harness.Route
     assert harness.metric_value(fams, TABLE) == table_before + 6
     assert harness.metric_value(fams, "kthena_router_active_downstream_requests", model="demo") == 0
     assert harness.metric_value(fams, "kthena_router_tokens_total", model="demo", token_type="output") > 0
-    py = harness.parse_metrics(python.metrics_text())
+    assert python.openai().chat.completions.create(model="demo", messages=MSGS, max_tokens=3).choices
+    py = harness.metrics_when(python, lambda m: harness.metric_value(m, DECISIONS, decision="fast") > 0)
     assert harness.metric_value(py, TABLE) == 0
     assert harness.metric_value(py, DECISIONS, decision="fast") > 0
 
