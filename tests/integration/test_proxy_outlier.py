@@ -100,8 +100,12 @@ def test_overload_504_then_recovery_without_503(two_engines: harness.Simulator, 
     """Both engines answer later than the timeout: 504s, and both end up ejected. When the
     faults are reset, the next requests succeed (panic threshold), not 503."""
     sim = two_engines
-    # Probes rarely, so only the panic path (and its on-demand probes) can bring them back.
-    router = _router(sim, tmp_path, "1s", ["--health-probe-interval-s", "60"])
+    # Probes rarely and ejects for long, so nothing re-admits an engine before the burst has
+    # ended however slowly it arrives (a 1 s ejection ended mid-burst on a loaded CI
+    # machine), and only the panic threshold can serve the requests after it.
+    rc = tmp_path / "router-config.yaml"
+    rc.write_text("traffic:\n  outlierDetection: {baseEjectionTime: 30s, maxEjectionTime: 60s}\n")
+    router = _router(sim, tmp_path, "1s", ["--health-probe-interval-s", "60", "--router-config", str(rc)])
     try:
         for i in range(2):
             sim.set_faults(i, first_byte_delay_s=2.5)
