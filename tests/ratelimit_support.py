@@ -64,7 +64,11 @@ def budget_env(tmp_path: Path, replicas: int = 3) -> Iterator[BudgetEnv]:
               "demo-out": {"outputTokensPerUnit": OUTPUT_BUDGET, "unit": "hour"}}
     config = harness.write_config(tmp_path / "cfg.yaml", global_limit_config(sim, redis, limits))
     rc = tmp_path / "router.yaml"
-    rc.write_text(yaml.safe_dump({"rateLimits": {"leasePercent": LEASE_PERCENT, "leaseIdle": "1s"}}))
+    # A generous redisTimeout: a call slower than it fails open (admitted, not charged), which
+    # is the outage behaviour, not the budget arithmetic these tests check; 250 ms (the
+    # default) was exceeded on a loaded CI machine.
+    rc.write_text(yaml.safe_dump({"rateLimits": {"leasePercent": LEASE_PERCENT, "leaseIdle": "1s",
+                                                 "redisTimeout": "10s"}}))
     routers = [harness.start_router(config, tmp_path / f"r{i}", extra_args=["--router-config", str(rc)], wait=False)
                for i in range(replicas)]
     try:
@@ -78,6 +82,14 @@ def budget_env(tmp_path: Path, replicas: int = 3) -> Iterator[BudgetEnv]:
         redis.stop()
 
 
+def no_fail_open(env: BudgetEnv) -> None:
+    """Every admission was decided on the shared bucket (none failed open on a slow Redis)."""
+    opened = sum(harness.metric_value(harness.parse_metrics(r.metrics_text()),
+                                      "kthena_router_ratelimit_decisions_total", result="failed_open")
+                 for r in env.routers)
+    assert opened == 0, f"{opened} admissions failed open (Redis slower than redisTimeout)"
+
+
 def check_input_budget(env: BudgetEnv, run: Run) -> dict[str, int]:
     """Clients exhaust the input budget: 98-100% of it is admitted (plus what refilled
     meanwhile), at most one lease per replica over."""
@@ -87,6 +99,7 @@ def check_input_budget(env: BudgetEnv, run: Run) -> dict[str, int]:
     refill = INPUT_BUDGET / 3600 * (time.monotonic() - t0)
     lease = INPUT_BUDGET * LEASE_PERCENT / 100
     print(f"input: admitted {prompt:.0f} of {INPUT_BUDGET} (+{refill:.0f} refilled), {stats}")
+    no_fail_open(env)
     assert stats["refused"] > 0 and stats["ok"] > 100, stats
     assert 0.98 * INPUT_BUDGET <= prompt <= INPUT_BUDGET + refill + len(env.routers) * lease, (prompt, refill, stats)
     return stats
@@ -109,6 +122,7 @@ def check_output_budget(env: BudgetEnv, run: Run, clients: int) -> dict[str, int
     refill = OUTPUT_BUDGET / 3600 * (time.monotonic() - t0)
     in_flight = clients * MAX_TOKENS_OUT
     print(f"output: {gen:.0f} of {OUTPUT_BUDGET} (+{refill:.0f} refilled, in-flight bound {in_flight}), {stats}")
+    no_fail_open(env)
     assert stats["refused"] > 0, stats
     assert 0.98 * OUTPUT_BUDGET <= gen <= OUTPUT_BUDGET + refill + in_flight, (gen, refill, stats)
     charged = sum(harness.metric_value(harness.parse_metrics(r.metrics_text()),
