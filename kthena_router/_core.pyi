@@ -147,6 +147,9 @@ class Scorer:
         """A failed scrape: load signals unknown (worst) until the next update_metrics."""
     def add_in_flight(self, endpoint: int, delta: int) -> int:
         """+1 at dispatch, -1 at completion; returns the new count (floored at 0)."""
+    def add_remote_in_flight(self, endpoint: int, delta: int) -> None:
+        """The pod's other workers dispatched (+) / finished (-) there since the last scrape
+        (relayed by the pod-state hub); part of the load until the next update_metrics."""
     def observe_latency(self, endpoint: int, ttft_s: float = ..., tpot_s: float = ...) -> None:
         """The router's own observation, blended into the scraped means (EWMA, alpha 0.2)."""
     def set_loras(self, endpoint: int, lora_ids: list[int], max_loras: int) -> None:

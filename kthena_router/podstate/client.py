@@ -1,8 +1,8 @@
 """Worker side of the pod-state hub: one unix-socket connection, read in the background.
 
 Requests never wait on it: hub frames are applied by a background task on the worker's
-loop, and this worker's inserts are queued and written once per loop iteration (one frame
-for everything dispatched in that iteration), fire and forget.
+loop, and this worker's inserts and in-flight changes are queued and written once per loop
+iteration (a frame of each for everything dispatched in that iteration), fire and forget.
 
 Hub down (refused, EOF, bad frame): `on_mode(False)` at once, so the worker scrapes and
 probes by itself again (the state it has stays), and a retry every RETRY_S; on reconnect
@@ -32,13 +32,15 @@ class PodStateClient:
                  on_probes: Callable[[list[tuple[str, bool]]], None],
                  on_inserts: Callable[[bytes], None],
                  on_mode: Callable[[bool], None],
-                 on_kv: Callable[[list[wire.KvOp]], None] = lambda ops: None) -> None:
+                 on_kv: Callable[[list[wire.KvOp]], None] = lambda ops: None,
+                 on_flight: Callable[[list[tuple[str, int]]], None] = lambda deltas: None) -> None:
         self.path = path
         self.on_snapshot = on_snapshot
         self.on_probes = on_probes
         self.on_inserts = on_inserts
         self.on_mode = on_mode
         self.on_kv = on_kv
+        self.on_flight = on_flight
         self.targets = wire.Targets()
         self.connected = False
         self.inserts_sent = 0
@@ -46,6 +48,7 @@ class PodStateClient:
         self._writer: asyncio.StreamWriter | None = None
         self._reader: asyncio.StreamReader | None = None
         self._buf = bytearray()
+        self._flight: dict[str, int] = {}  # endpoint key -> attempts started - ended, unsent
         self._flush_scheduled = False
         self._task: asyncio.Task[None] | None = None
 
@@ -62,23 +65,40 @@ class PodStateClient:
         if self._writer is None:
             return
         self._buf += wire.encode_insert(key, hashes)
+        self._schedule_flush()
+
+    def send_flight(self, key: str, delta: int) -> None:
+        """Queue an attempt's start (+1) or end (-1) on endpoint `key` for the hub."""
+        if self._writer is None:
+            return
+        flight = self._flight
+        flight[key] = flight.get(key, 0) + delta
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        writer, buf = self._writer, self._buf
-        if not buf:
-            return
-        self._buf = bytearray()
+        writer, buf, flight = self._writer, self._buf, self._flight
+        if buf:
+            self._buf = bytearray()
+        if flight:
+            self._flight = {}
         if writer is None or writer.transport.is_closing():
             return
         if writer.transport.get_write_buffer_size() > SEND_BUFFER_LIMIT:
-            self.inserts_dropped += 1
+            if buf:
+                self.inserts_dropped += 1
             return
-        writer.write(wire.frame(wire.INSERTS, bytes(buf)))
-        self.inserts_sent += 1
+        if buf:
+            writer.write(wire.frame(wire.INSERTS, bytes(buf)))
+            self.inserts_sent += 1
+        deltas = [(k, d) for k, d in flight.items() if d]
+        if deltas:
+            writer.write(wire.frame(wire.FLIGHT, wire.encode_flight(deltas)))
 
     # --- connection -----------------------------------------------------------------------
     async def connect(self) -> bool:
@@ -144,6 +164,8 @@ class PodStateClient:
                     self.on_probes(wire.decode_probes(payload))
                 elif kind == wire.KV:
                     self.on_kv(wire.decode_kv(payload))
+                elif kind == wire.FLIGHT:
+                    self.on_flight(wire.decode_flight(payload))
             except wire.decode_error():
                 raise
             except Exception:  # a consumer bug must not cut the worker off the hub
@@ -152,6 +174,7 @@ class PodStateClient:
     def _drop(self) -> None:
         writer, self._writer, self._reader = self._writer, None, None
         self._buf = bytearray()
+        self._flight = {}
         if writer is not None:
             writer.close()
 

@@ -1,5 +1,6 @@
 """The pod-state hub: one process per router pod (a child of the supervisor) that scrapes
-and probes every engine once, whatever the worker count, and relays prefix-index inserts.
+and probes every engine once, whatever the worker count, and relays prefix-index inserts
+and in-flight changes.
 
 - Workers connect to its unix socket (0600, in the router's runtime dir) and send their
   endpoint sets (TARGETS); the hub scrapes and probes the union over its live workers.
@@ -7,6 +8,8 @@ and probes every engine once, whatever the worker count, and relays prefix-index
 - A worker's dispatch-time inserts (INSERTS) go, as received, to every other worker, and
   into a bounded replay log that a worker (re)connecting gets first, so a restarted
   worker starts with the pod's index rather than an empty one.
+- A worker's attempt starts and ends per endpoint (FLIGHT) go to every other worker, for
+  their least-request load between scrapes; not replayed (the next scrape supersedes them).
 - Writes never wait: a worker whose socket buffer is full misses frames (counted) rather
   than slowing the hub for the others.
 The hub exits when its parent (the supervisor) is gone. Its metrics: hub_metrics.py.
@@ -159,6 +162,8 @@ class Hub:
                 payload = await reader.readexactly(size)
                 if kind == wire.INSERTS:
                     self._on_inserts(conn, payload)
+                elif kind == wire.FLIGHT:  # relayed as is; a scrape makes it stale, no replay
+                    self._broadcast(wire.frame(wire.FLIGHT, payload), skip=conn)
                 elif kind == wire.TARGETS:
                     conn.targets = wire.decode_targets(payload)
                     self._retarget()

@@ -5,7 +5,9 @@ scraper and prober would have put it, and the scheduler's inserts go out.
   on_update chain: scheduler, PD pairer, KV-usage gauge, fairness);
 - probe results: `EndpointHealth.probe_result` of the endpoint, as a local probe would;
 - inserts of other workers: this worker's live scheduler index (endpoint key -> its id),
-  or a PD side's (records named by side, scheduling/insert_scopes.py).
+  or a PD side's (records named by side, scheduling/insert_scopes.py);
+- in-flight changes of other workers: the live scheduler's Scorers, counted in the load
+  until the next scrape (PD sides' Scorers count their own worker's only).
 While connected the worker's own scraper and prober idle (their tasks keep ticking but
 send nothing); when the hub is gone they work again, from the state the hub left.
 """
@@ -89,7 +91,7 @@ class PodStateLink:
         self.inserts_applied = 0  # records from other workers put into this worker's index
         self.client = PodStateClient(settings.pod_state_socket, on_snapshot=self._snapshot,
                                      on_probes=self._probes, on_inserts=self._inserts, on_mode=self._mode,
-                                     on_kv=self._kv_ops)
+                                     on_kv=self._kv_ops, on_flight=self._flight)
 
     def attach_scraper(self, scraper: SharedScraper) -> None:
         """The worker's scraper (created in the lifespan, with a router configuration)."""
@@ -101,18 +103,23 @@ class PodStateLink:
         """GET /debug/pod_state: where this worker's state comes from, and its index."""
         sched = self.scheduler()
         index: dict[str, int] = {}
+        flight: dict[str, dict[str, int]] = {}
         if sched is not None:
             for key in sorted({t.key for t in self._probe}):
                 ep_id = sched.endpoint_id(key)
                 if ep_id is not None:
                     index[key] = sched.index.endpoint_len(ep_id)
+                    counts = sched.flight_counts(key)
+                    if counts is not None:
+                        flight[key] = counts
         c = self.client
         matcher = self._matcher()
         subs = matcher.subscribers if matcher is not None else None
         kv_local = subs.local_streams() if isinstance(subs, SharedKvSubscribers) else None
         return {"mode": "hub" if c.connected else "local", "socket": c.path, "kv_local_streams": kv_local,
                 "inserts_sent": c.inserts_sent,
-                "inserts_dropped": c.inserts_dropped, "inserts_applied": self.inserts_applied, "index": index}
+                "inserts_dropped": c.inserts_dropped, "inserts_applied": self.inserts_applied, "index": index,
+                "in_flight": flight}
 
     # --- outgoing ----------------------------------------------------------------------------
     def _targets(self) -> None:
@@ -131,12 +138,13 @@ class PodStateLink:
         self._targets()
 
     def bind(self, scheduler: Any) -> None:
-        """Send this scheduler's dispatch-time inserts to the hub; its kvcache-aware matcher
+        """Send this scheduler's dispatch-time inserts and in-flight changes to the hub; its kvcache-aware matcher
         (if any) follows the hub's KV-event streams instead of subscribing itself. Called
         before the scheduler is synced (nothing subscribed yet)."""
         if scheduler is None:
             return
         scheduler.insert_listeners["pod-state"] = self._send_insert
+        scheduler.flight_listener = self.client.send_flight
         matcher = scheduler.kv_matcher
         if matcher is not None and not isinstance(matcher.subscribers, SharedKvSubscribers):
             # before the first connection attempt: assume the hub (no subscription to undo)
@@ -167,6 +175,12 @@ class PodStateLink:
         for key, chain in wire.decode_inserts(payload):
             if chain and insert(key, BlockHashes.from_bytes(chain)):
                 self.inserts_applied += 1
+
+    def _flight(self, deltas: list[tuple[str, int]]) -> None:
+        sched = self.scheduler()
+        if sched is not None:
+            for key, delta in deltas:
+                sched.remote_in_flight(key, delta)
 
     def _matcher(self) -> Any:
         sched = self.scheduler()

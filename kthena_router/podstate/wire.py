@@ -18,7 +18,7 @@ import msgspec
 
 from kthena_router.engine_state.snapshot import EndpointSnapshot
 
-HELLO, TARGETS, INSERTS, SNAPSHOT, PROBES, KV = 1, 2, 3, 4, 5, 6
+HELLO, TARGETS, INSERTS, SNAPSHOT, PROBES, KV, FLIGHT = 1, 2, 3, 4, 5, 6, 7
 # KV ops: an engine stored / removed blocks, dropped everything, its stream went up / down
 KV_STORED, KV_REMOVED, KV_CLEARED, KV_UP, KV_DOWN = 1, 2, 3, 4, 5
 MAX_FRAME = 64 * 1024 * 1024  # a larger length means a corrupt stream: drop the connection
@@ -119,6 +119,7 @@ _snap_dec = msgspec.msgpack.Decoder(EndpointSnapshot)
 _probes_dec = msgspec.msgpack.Decoder(list[tuple[str, bool]])
 _hello_dec = msgspec.msgpack.Decoder(dict[str, Any])
 _kv_dec = msgspec.msgpack.Decoder(list[tuple[int, str, list[int]]])
+_flight_dec = msgspec.msgpack.Decoder(list[tuple[str, int]])
 _enc = msgspec.msgpack.Encoder()
 
 
@@ -152,6 +153,15 @@ def encode_kv(ops: Iterable[KvOp]) -> bytes:
 
 def decode_kv(b: bytes) -> list[KvOp]:
     return _kv_dec.decode(b)
+
+
+def encode_flight(deltas: Iterable[tuple[str, int]]) -> bytes:
+    """FLIGHT: (endpoint key, attempts started minus ended there) since the last frame."""
+    return _enc.encode(list(deltas))
+
+
+def decode_flight(b: bytes) -> list[tuple[str, int]]:
+    return _flight_dec.decode(b)
 
 
 def encode_hello(pid: int) -> bytes:

@@ -18,7 +18,10 @@ Per worker process: the Scorers (in-flight counts, EWMAs) and the approximate Pr
 Every dispatch-time insert also goes to `insert_listeners`: with several granian workers the
 pod-state hub (docs/pod-state.md) relays them to the other workers' indexes, and the router
 configuration's sharedPrefixIndex (kthena_router/shared_index, docs/scale-out.md) shares
-them with other router replicas through Redis.
+them with other router replicas through Redis. Likewise every attempt's start (+1) and end
+(-1) goes to `flight_listener`: the hub relays them and the other workers' Scorers count
+them in the endpoint's load until the next scrape (`remote_in_flight`), so least-request
+sees the whole pod's dispatches, not one worker's.
 
 One Scorer per ModelServer (its endpoint set); one PrefixIndex for the worker, keyed by a
 seed per (ModelServer.model, LoRA adapter), so different models/adapters never match.
@@ -132,6 +135,8 @@ class Scheduler:
         # every dispatch-time insert, by listener name ("pod-state", "shared-index"): each
         # buffers or queues it, none does I/O here
         self.insert_listeners: dict[str, Callable[[str, BlockHashes], None]] = {}
+        # (endpoint key, +1 / -1) per attempt started / ended: the pod-state hub's relay
+        self.flight_listener: Callable[[str, int], None] | None = None
 
     # --- configuration / endpoint set ----------------------------------------------------
     async def prepare(self, info: RequestInfo) -> None:
@@ -361,6 +366,8 @@ class Scheduler:
         scorers = self._scorers_of.get(ep.key, ())
         for scorer in scorers:
             scorer.add_in_flight(ep_id, 1)
+        if self.flight_listener is not None:
+            self.flight_listener(ep.key, 1)
         if self.learn_cost and info is not None and info.matched is not None and info.matched[0] is self:
             _, matched, total = info.matched
             for scorer in scorers:
@@ -416,6 +423,8 @@ class Scheduler:
             for scorer in self._scorers_of.get(ep.key, ()):
                 if scorer is not own:
                     scorer.add_in_flight(ep_id, 1)
+            if self.flight_listener is not None:
+                self.flight_listener(ep.key, 1)
             hashes = info.hashes
             if hashes is not None and len(hashes):
                 if self._kv_dispatched is not None:
@@ -443,6 +452,15 @@ class Scheduler:
             if ttft_s is not None or tpot_s is not None:
                 scorer.observe_latency(ep_id, _NAN if ttft_s is None else ttft_s,
                                        _NAN if tpot_s is None else tpot_s)
+        if self.flight_listener is not None:
+            self.flight_listener(ep.key, -1)
+
+    def remote_in_flight(self, ep_key: str, delta: int) -> None:
+        """The pod's other workers started (+) / ended (-) `delta` attempts on `ep_key`."""
+        ep_id = self._ids.get(ep_key)
+        if ep_id is not None:
+            for scorer in self._scorers_of.get(ep_key, ()):
+                scorer.add_remote_in_flight(ep_id, delta)
 
     # --- engine state ----------------------------------------------------------------------
     def on_snapshot(self, snap: EndpointSnapshot) -> None:
@@ -514,6 +532,16 @@ class Scheduler:
     # --- views for admin/tests -------------------------------------------------------------
     def endpoint_id(self, ep_key: str) -> int | None:
         return self._ids.get(ep_key)
+
+    def flight_counts(self, ep_key: str) -> dict[str, int] | None:
+        """This worker's attempts on `ep_key` in flight, and the other workers' relayed
+        since the last scrape, as its first Scorer holds them (/debug/pod_state)."""
+        ep_id = self._ids.get(ep_key)
+        scorers = self._scorers_of.get(ep_key)
+        sig = scorers[0].signals(ep_id) if ep_id is not None and scorers else None
+        if sig is None:
+            return None
+        return {"local": int(sig["in_flight"]), "remote": int(sig["remote_in_flight"])}
 
     def signals(self, key: ServerKey, ep_key: str) -> dict[str, Any] | None:
         view = self._views.get(key)

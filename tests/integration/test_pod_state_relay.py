@@ -22,8 +22,10 @@ class Worker:
     def __init__(self, path: str) -> None:
         self.inserts: list[tuple[str, list[int]]] = []
         self.modes: list[bool] = []
+        self.flight: list[list[tuple[str, int]]] = []
         self.client = PodStateClient(path, on_snapshot=lambda s: None, on_probes=lambda r: None,
-                                     on_inserts=self._inserts, on_mode=self.modes.append)
+                                     on_inserts=self._inserts, on_mode=self.modes.append,
+                                     on_flight=self.flight.append)
 
     def _inserts(self, payload: bytes) -> None:
         self.inserts.extend((k, BlockHashes.from_bytes(c).tolist()) for k, c in wire.decode_inserts(payload))
@@ -79,3 +81,29 @@ async def test_no_hub_means_local_mode_after_bounded_attempts(tmp_path: Path) ->
     w = Worker(str(tmp_path / "nobody.sock"))
     assert not await w.client.connect_first(attempts=3, delay_s=0.01)
     assert w.modes == [False]
+
+
+@pytest.mark.asyncio
+async def test_in_flight_changes_netted_per_iteration_to_the_other_worker(tmp_path: Path) -> None:
+    path = str(tmp_path / "hub.sock")
+    settings = RouterSettings(config_path="x.yaml", health_probe_interval_s=60)
+    hub = Hub(settings, path)
+    hub_task = asyncio.create_task(hub.serve())
+    a, b = Worker(path), Worker(path)
+    for w in (a, b):
+        assert await w.client.connect_first(attempts=100, delay_s=0.02)
+        w.client.start()
+    await until(lambda: sum(1 for c in hub.conns if c.pid) == 2)  # both said hello
+    for key, delta in (("127.0.0.1:1", 1), ("127.0.0.1:2", 1), ("127.0.0.1:1", 1), ("127.0.0.1:2", -1)):
+        a.client.send_flight(key, delta)  # one loop iteration: one frame, netted, zeros left out
+    await until(lambda: len(b.flight) == 1)
+    a.client.send_flight("127.0.0.1:1", -2)
+    await until(lambda: len(b.flight) == 2)
+    assert b.flight == [[("127.0.0.1:1", 2)], [("127.0.0.1:1", -2)]]
+    b.client.send_flight("127.0.0.1:3", 1)
+    await until(lambda: len(a.flight) == 1)
+    assert a.flight == [[("127.0.0.1:3", 1)]] and len(b.flight) == 2  # never back to the sender
+    for w in (a, b):
+        await w.client.close()
+    hub_task.cancel()
+    await asyncio.gather(hub_task, return_exceptions=True)

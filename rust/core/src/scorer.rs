@@ -43,6 +43,9 @@ pub struct Signals {
     pub in_flight: u32,
     /// `in_flight` when the engine's counts were last scraped.
     pub in_flight_at_scrape: u32,
+    /// What the pod's other router workers dispatched there (+) and saw finish (-) since
+    /// the last scrape, as relayed to this one (pod-state hub); the scrape counts them.
+    pub remote_since: i64,
     /// Engine counts and KV-cache usage (0..1) from the last scrape; NaN = not reported.
     pub running: f64,
     pub waiting: f64,
@@ -68,6 +71,7 @@ impl Signals {
             identity: mix64(u64::from(id)),
             in_flight: 0,
             in_flight_at_scrape: 0,
+            remote_since: 0,
             running: f64::NAN,
             waiting: f64::NAN,
             kv_usage: f64::NAN,
@@ -95,15 +99,15 @@ impl Signals {
     }
 
     /// Estimated requests on the engine: running + waiting at the scrape, plus what this
-    /// router dispatched (or saw finish) since, never below our own in-flight. Reacts
-    /// within one request without counting our requests twice once the engine sees them.
-    /// +inf when stale or not reported.
+    /// router (and the pod's other workers, relayed) dispatched or saw finish since, never
+    /// below our own in-flight. Reacts within one request without counting our requests
+    /// twice once the engine sees them. +inf when stale or not reported.
     pub fn load(&self) -> f64 {
         if self.stale {
             return f64::INFINITY;
         }
         let since = f64::from(self.in_flight) - f64::from(self.in_flight_at_scrape);
-        let est = self.running + self.waiting + since;
+        let est = self.running + self.waiting + since + self.remote_since as f64;
         if est.is_nan() {
             f64::INFINITY
         } else {
@@ -325,6 +329,7 @@ impl Scorer {
             e.tpot_s = tpot_s;
         }
         e.in_flight_at_scrape = e.in_flight;
+        e.remote_since = 0;
         e.stale = false;
     }
 
@@ -344,6 +349,13 @@ impl Scorer {
             e.pending_blocks = 0.0;
         }
         e.in_flight
+    }
+
+    /// Dispatches (+) and completions (-) of the pod's other workers on `id`, relayed;
+    /// counted in `load` until the next scrape.
+    pub fn add_remote_in_flight(&mut self, id: u32, delta: i64) {
+        let e = self.sig_mut(id);
+        e.remote_since = e.remote_since.saturating_add(delta);
     }
 
     /// The router's own TTFT / TPOT observation (NaN = none), blended into the scraped

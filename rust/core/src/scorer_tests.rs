@@ -118,6 +118,23 @@ fn in_flight_reacts_between_scrapes() {
     assert_eq!(s.signals(0).unwrap().load(), 3.0);
 }
 
+#[test]
+fn other_workers_dispatches_count_until_the_next_scrape() {
+    let mut s = scorer(&cfg(&[], &[("least-request", 1.0)]), 2);
+    s.update_metrics(0, 3.0, 0.0, 0.0, f64::NAN, f64::NAN);
+    s.update_metrics(1, 4.0, 0.0, 0.0, f64::NAN, f64::NAN);
+    s.add_remote_in_flight(0, 2); // another worker sent two there
+    assert_eq!(s.signals(0).unwrap().load(), 5.0);
+    assert_eq!(sched(&mut s, 1, &[], None, 0)[0], 1);
+    s.add_remote_in_flight(0, -1); // one of them finished
+    assert_eq!(s.signals(0).unwrap().load(), 4.0);
+    // The scrape sees the one still running: not counted twice.
+    s.update_metrics(0, 4.0, 0.0, 0.0, f64::NAN, f64::NAN);
+    assert_eq!(s.signals(0).unwrap().load(), 4.0);
+    s.add_remote_in_flight(0, -1); // it finishes after the scrape
+    assert_eq!(s.signals(0).unwrap().load(), 3.0);
+}
+
 fn guard_setup(abs: f64, rel: f64) -> Scorer {
     let mut c = cfg(&[], &[("prefix-cache", 3.0), ("least-request", 1.0)]);
     c.hot_spot_abs = abs;

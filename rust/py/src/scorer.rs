@@ -140,6 +140,12 @@ impl Scorer {
         self.lock().add_in_flight(endpoint, delta)
     }
 
+    /// The pod's other workers dispatched (+) or finished (-) `delta` attempts on
+    /// `endpoint` since the last scrape (relayed by the pod-state hub).
+    fn add_remote_in_flight(&mut self, endpoint: u32, delta: i64) {
+        self.lock().add_remote_in_flight(endpoint, delta)
+    }
+
     #[pyo3(signature = (endpoint, ttft_s=f64::NAN, tpot_s=f64::NAN))]
     fn observe_latency(&mut self, endpoint: u32, ttft_s: f64, tpot_s: f64) {
         self.lock().observe_latency(endpoint, ttft_s, tpot_s);
@@ -163,6 +169,7 @@ impl Scorer {
         };
         let d = PyDict::new(py);
         d.set_item("in_flight", s.in_flight)?;
+        d.set_item("remote_in_flight", s.remote_since)?;
         d.set_item("running", s.running)?;
         d.set_item("waiting", s.waiting)?;
         d.set_item("kv_usage", s.kv_usage)?;
