@@ -90,11 +90,16 @@ class SwitchingBalancer:
         self.inner = inner
         self._live: dict[str, int] = {}  # endpoint key -> attempts in flight on `inner`
         self._orphans: dict[str, int] = {}  # attempts in flight on replaced schedulers
+        # after each swap (the Rust front's table): nothing decides on the old one once the
+        # worker reports the new configuration applied
+        self.swap_listeners: list[Callable[[], None]] = []
 
     def swap(self, new: Scheduler) -> None:
         for key, n in self._live.items():
             self._orphans[key] = self._orphans.get(key, 0) + n
         self.inner, self._live = new, {}
+        for listener in self.swap_listeners:
+            listener()
 
     async def prepare(self, info: Any) -> None:
         await self.inner.prepare(info)

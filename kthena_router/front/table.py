@@ -83,6 +83,9 @@ class FrontTable:
         # a new state (new endpoints: a Terminating pod gone) reaches the front before the
         # next request, not at the next wake-up
         forwarder.holder.listeners.append(self.on_state)
+        balancer = forwarder.executor.balancer
+        if type(balancer) is SwitchingBalancer:  # a reload's new scheduler: before the next request too
+            balancer.swap_listeners.append(lambda: self.on_state(forwarder.holder.current))
 
     def on_state(self, state: RouterState) -> None:
         if self.current is not None or self.enabled():
