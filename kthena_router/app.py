@@ -215,6 +215,7 @@ def create_app(settings: RouterSettings | None = None) -> RouterApp:
         "kv_ownership": lambda: reloader.matcher.debug_view() if reloader is not None and reloader.matcher is not None else None,
         "pd": pd_pairer.debug_view,
         "pod_state": lambda: link.debug_view() if link is not None else None,
+        "scheduler": lambda: reloader.scheduler.debug_view() if reloader is not None else None,
         "response_ids": lambda: {"count": len(forwarder.response_ids), "limit": forwarder.response_ids.limit},
     })
 

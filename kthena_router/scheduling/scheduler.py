@@ -543,6 +543,20 @@ class Scheduler:
             return None
         return {"local": int(sig["in_flight"]), "remote": int(sig["remote_in_flight"])}
 
+    def debug_view(self) -> dict[str, Any]:
+        """/debug/scheduler: per ModelServer, what each endpoint's scorer decides on (engine
+        running/waiting at the last scrape, in-flight since, the load least-request sees)."""
+        servers: dict[str, Any] = {}
+        for view in self._views.values():
+            eps = {}
+            for ep_id, ep in view.by_id.items():
+                sig = view.scorer.signals(ep_id)
+                if sig is not None:
+                    eps[ep.key] = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                                   for k, v in sig.items() if k != "loras"}
+            servers[view.label] = eps
+        return {"servers": servers}
+
     def signals(self, key: ServerKey, ep_key: str) -> dict[str, Any] | None:
         view = self._views.get(key)
         ep_id = self._ids.get(ep_key)

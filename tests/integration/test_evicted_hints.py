@@ -1,9 +1,8 @@
 """prefix-cache's evictedHintSlots through a real router and engine simulators: a prefix the
 router's (deliberately tiny) index has dropped still goes back to the engine that served
 it, which still caches it; without hints the same requests land wherever the tie-break
-sends them. Sequential requests on idle engines; prefix-cache weighs 3 against
-least-request's 1 because a scrape that overlaps a request's end can show one running
-request for a while, and at equal weights that outweighs a hint's half-weight match."""
+sends them. Sequential requests, each sent once the router sees every engine idle: a hint
+that has faded over the fillers' evictions only tips ties."""
 
 from __future__ import annotations
 
@@ -32,7 +31,19 @@ def prompt(tag: str) -> str:
     return f"{tag}: " + " ".join(f"{tag}{i}" for i in range(650))[:3900]
 
 
-def served_by(sim: harness.Simulator, client, text: str) -> int:
+def idle(router: harness.Router) -> bool:
+    """Every engine fresh and idle as the router's scorer sees it (/debug/scheduler). A
+    scrape that overlaps a request's end shows that engine running one request until the
+    next scrape; a hint only tips ties, so the next request must wait for that to clear."""
+    r = router.admin_get("/debug/scheduler")
+    r.raise_for_status()
+    (worker,) = r.json()["workers"]
+    eps = [e for server in worker["servers"].values() for e in server.values()]
+    return len(eps) == 3 and all(e["load"] == 0 and not e["stale"] for e in eps)
+
+
+def served_by(sim: harness.Simulator, router: harness.Router, client, text: str) -> int:
+    harness.wait_until(lambda: idle(router), 30, interval=0.05, what="engines idle and fresh")
     sim.reset_requests()
     client.completions.create(model="demo", prompt=text, max_tokens=2)
     got = sim.received()
@@ -51,24 +62,17 @@ def test_evicted_prefix_returns_to_its_engine(tmp_path: Path) -> None:
             routers[hints] = harness.start_router(config_path, tmp_path, extra_args=[
                 "--router-config", str(sched), "--scrape-interval-s", "0.3", "--health-probe-interval-s", "600"])
 
-        def scraped(r: harness.Router) -> bool:
-            fams = harness.parse_metrics(r.metrics_text())
-            return all(harness.metric_value(fams, "kthena_router_endpoint_metrics_stale",
-                                            endpoint=f"127.0.0.1:{p}") == 0 for p in sim.ports)
-
-        for r in routers.values():
-            harness.wait_until(lambda r=r: scraped(r), 30, interval=0.1, what="every engine scraped and fresh")
         report: dict[bool, list[tuple[int, int]]] = {}
         for hints, router in routers.items():
             for url in sim.urls:
                 httpx.post(url + "/flush_cache", timeout=10).raise_for_status()
             client = router.openai()
             groups = [f"g{hints}{k}" for k in range(GROUPS)]
-            first = {g: served_by(sim, client, prompt(g)) for g in groups}
+            first = {g: served_by(sim, router, client, prompt(g)) for g in groups}
             # fillers: each one landing on an engine flushes that engine's 20-entry index
             for k in range(FILLERS):
-                served_by(sim, client, prompt(f"filler{hints}{k}"))
-            report[hints] = [(first[g], served_by(sim, client, prompt(g))) for g in groups]
+                served_by(sim, router, client, prompt(f"filler{hints}{k}"))
+            report[hints] = [(first[g], served_by(sim, router, client, prompt(g))) for g in groups]
         for r in routers.values():
             r.stop()
         # With hints every group returns to its first engine (it is still cached there).

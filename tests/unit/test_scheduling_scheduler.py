@@ -294,3 +294,21 @@ def test_panic_keeps_the_ranking_of_all_endpoints():
     for ep in eps[:2]:
         ep.health.eject(now=1e12)  # ejected for a long time: 1 of 3 usable, under 50%
     assert sorted(e.key for e in s.candidates(KEY, eps, chat("r", "q"))) == sorted(e.key for e in eps)
+
+
+def test_debug_view_shows_each_endpoints_load_as_scored() -> None:
+    s, _ = sched(cfg("least-request"))
+    eps = endpoints(3)
+    s.sync({KEY: eps})
+    s.on_snapshot(snap(eps[0], running=2, waiting=1))
+    s.on_snapshot(snap(eps[1]))
+    s.on_snapshot(snap(eps[2], stale=True))
+    s.dispatched(eps[1], None)
+    view = s.debug_view()["servers"]["default/demo"]
+    assert set(view) == {ep.key for ep in eps}
+    assert (view[eps[0].key]["load"], view[eps[0].key]["running"], view[eps[0].key]["waiting"]) == (3, 2, 1)
+    assert (view[eps[1].key]["load"], view[eps[1].key]["in_flight"]) == (1, 1)
+    # stale: infinite load, shown as null so that the view stays valid JSON
+    assert view[eps[2].key]["stale"] is True and view[eps[2].key]["load"] is None
+    s.finished(eps[1])
+    assert s.debug_view()["servers"]["default/demo"][eps[1].key]["load"] == 0
