@@ -3,7 +3,7 @@
     sharedPrefixIndex:
       redis: {address: "10.0.0.5:6379"}   # required: the Redis every replica shares
       key: kthena:prefix-index             # the stream key (one per router fleet)
-      syncInterval: 50ms                   # publish own + merge others' entries this often
+      syncInterval: 50ms                   # own dispatches: the first at once, then batched this long
       ttl: 5m                              # entries older than this are neither merged nor kept
       maxEntries: 100000                   # stream length cap (approximate trimming)
       maxPending: 10000                    # dispatches buffered while Redis is slow/down (oldest dropped)

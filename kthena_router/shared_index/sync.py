@@ -1,12 +1,14 @@
 """Background sync of dispatch-time prefix ownership between router replicas via Redis.
 
 Why a background sync and not a lookup per request: the request path must never wait on
-Redis. `record()` (called at dispatch) only appends to a bounded buffer; every
-`syncInterval` ONE pipelined round trip publishes the buffer and reads what the other
-replicas published since the last read, which is merged into this worker's local Rust
-PrefixIndex. Decisions read only the local index (one Rust call, as without sharing), so
-a slow or dead Redis costs affinity freshness, never request latency. The price is
-staleness: a replica learns another's dispatch within ~syncInterval + one round trip.
+Redis. `record()` (called at dispatch) only appends to a bounded buffer; one pipelined
+round trip publishes the buffer (at most one per `syncInterval`), and a reader merges what
+the other replicas published into this worker's local Rust PrefixIndex. Decisions read
+only the local index (one Rust call, as without sharing), so a slow or dead Redis costs
+affinity freshness, never request latency. The price is
+staleness: a dispatch after a quiet spell is published at once, under load within
+syncInterval (batched), and the other replicas read it as soon as Redis has it (a
+blocking XREAD on a second connection): about one round trip when quiet.
 Measurements against a per-request MGET: docs/scale-out.md.
 
 Layout in Redis: one stream (`key`). An entry is a batch of one replica's dispatches:
@@ -127,14 +129,16 @@ class SharedIndexSync:
         self.replica = uuid.uuid4().hex[:16].encode()  # this worker; its own entries are skipped
         host, _, port = settings.redis_address.rpartition(":")
         # No client-side retries: an outage costs one timeout per redisRetry, in the background.
+        # Two connections: the blocking read holds one, publishing uses the other.
         self.client = aioredis.Redis(host=host, port=int(port), socket_timeout=settings.redis_timeout_s,
                                      socket_connect_timeout=settings.redis_timeout_s,
                                      retry=Retry(NoBackoff(), 0), max_connections=2)
         self.pending: deque[tuple[str, BlockHashes]] = deque(maxlen=settings.max_pending)
         self.last_id = f"{max(0, int((time.time() - settings.ttl_s) * 1000))}-0"  # warm start
         self.down_until = 0.0
-        self.first_round_done = False  # the first round trip answered or failed (warmup.py)
-        self._task: asyncio.Task[None] | None = None
+        self.first_round_done = False  # the first read answered or failed (warmup.py)
+        self._wake: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._errors = metrics.errors.labels(settings.redis_address)
         metrics.up.set(1)
 
@@ -144,58 +148,103 @@ class SharedIndexSync:
         if len(self.pending) == self.pending.maxlen:
             self.metrics.dropped.inc()
         self.pending.append((ep_key, hashes))
+        if self._wake is not None:
+            self._wake.set()
 
     # --- background ----------------------------------------------------------------------
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        """Publishing and reading run apart: a dispatch after a quiet spell is published at
+        once, later ones are batched for at most syncInterval (one round trip per interval
+        under load); other replicas' entries are read as Redis gets them (a blocking XREAD),
+        so a replica sees another's dispatch about one round trip after it is published."""
+        if self._tasks:
+            return
+        loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        if self.pending:
+            self._wake.set()
+        self._tasks = [loop.create_task(self._publish_loop()), loop.create_task(self._read_loop())]
 
-    async def _run(self) -> None:
+    async def _until_up(self) -> None:
+        while (wait := self.down_until - time.monotonic()) > 0:
+            await asyncio.sleep(wait)
+
+    async def _publish_loop(self) -> None:
+        assert self._wake is not None
         period = self.settings.sync_interval_s
         while True:
-            full = False
-            if time.monotonic() >= self.down_until:
-                try:
-                    full = await self.round()
-                except Exception:  # a bug must not end sharing silently for the process' life
-                    log.exception("shared prefix index: sync round failed")
-            if not full:
-                await asyncio.sleep(period)
+            await self._wake.wait()
+            await self._until_up()
+            self._wake.clear()
+            t0 = time.monotonic()
+            try:
+                await self.publish()
+            except Exception:  # a bug must not end sharing silently for the process' life
+                log.exception("shared prefix index: publish failed")
+            if self.pending:  # requeued after a failure: retried once Redis is up again
+                self._wake.set()
+            rest = period - (time.monotonic() - t0)
+            if rest > 0:
+                await asyncio.sleep(rest)
 
-    async def round(self) -> bool:
-        """Publish the buffer and merge what others published; True if the read was full
-        (more to read at once). Redis errors mark it down and keep the buffer."""
+    async def _read_loop(self) -> None:
+        # the socket timeout (redisTimeout) must outlast the block
+        block_ms = max(1, int(min(self.settings.redis_timeout_s / 2, 1.0) * 1000))
+        while True:
+            await self._until_up()
+            try:
+                full = await self.read(block_ms)
+            except Exception:
+                log.exception("shared prefix index: read failed")
+                full = False
+                await asyncio.sleep(self.settings.sync_interval_s)
+            self.first_round_done = self.first_round_done or not full  # caught up (or Redis down)
+
+    async def publish(self) -> bool:
+        """Publish the buffer in one pipelined round trip. False if Redis failed (marked
+        down; the batch goes back into the buffer)."""
         batch = self._take()
+        if not batch:
+            return True
         s = self.settings
         pipe = self.client.pipeline(transaction=False)
-        now_ms = int(time.time() * 1000)
-        min_id = f"{max(0, now_ms - int(s.ttl_s * 1000))}-0"
+        min_id = f"{max(0, int(time.time() * 1000) - int(s.ttl_s * 1000))}-0"
         for i in range(0, len(batch), RECORDS_PER_ENTRY):
             pipe.xadd(s.key, {"r": self.replica, "d": encode(batch[i:i + RECORDS_PER_ENTRY])},
                       minid=min_id, approximate=True)
-        if batch:
-            pipe.xtrim(s.key, maxlen=s.max_entries, approximate=True)
-            pipe.pexpire(s.key, int(s.ttl_s * 1000))
-        pipe.xread({s.key: self.last_id}, count=READ_COUNT)
+        pipe.xtrim(s.key, maxlen=s.max_entries, approximate=True)
+        pipe.pexpire(s.key, int(s.ttl_s * 1000))
         t0 = time.perf_counter()
         try:
-            res = await asyncio.wait_for(pipe.execute(), s.redis_timeout_s)
+            await asyncio.wait_for(pipe.execute(), s.redis_timeout_s)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            self._failed(exc, batch)
-            self.first_round_done = True
+            self._failed(exc)
+            self._requeue(batch)
             return False
         self.metrics.round_trip.observe(time.perf_counter() - t0)
-        if self.down_until:
-            log.warning("shared prefix index: Redis %s reachable again", s.redis_address)
-            self.down_until = 0.0
-        self.metrics.up.set(1)
-        if batch:
-            self.metrics.published.inc(len(batch))
-        entries = res[-1][0][1] if res[-1] else []
-        self._merge(entries, now_ms)
-        full = len(entries) >= READ_COUNT
-        self.first_round_done = self.first_round_done or not full  # caught up with the stream
-        return full
+        self._ok()
+        self.metrics.published.inc(len(batch))
+        return True
+
+    async def read(self, block_ms: int | None = None) -> bool:
+        """Merge what the other replicas published since the last read (waiting up to
+        `block_ms` for something new). True if the read was full (more to read at once);
+        a Redis error marks it down."""
+        s = self.settings
+        timeout = s.redis_timeout_s + (block_ms or 0) / 1000
+        t0 = time.perf_counter()
+        try:
+            res = await asyncio.wait_for(
+                self.client.xread({s.key: self.last_id}, count=READ_COUNT, block=block_ms), timeout)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            self._failed(exc)
+            return False
+        if block_ms is None:
+            self.metrics.round_trip.observe(time.perf_counter() - t0)
+        self._ok()
+        entries = res[0][1] if res else []
+        self._merge(entries, int(time.time() * 1000))
+        return len(entries) >= READ_COUNT
 
     def _take(self) -> list[Record]:
         # collapse repeats of one chain on one endpoint within the batch (same group's
@@ -226,14 +275,24 @@ class SharedIndexSync:
         if merged:
             self.metrics.merged.inc(merged)
 
-    def _failed(self, exc: BaseException, batch: list[Record]) -> None:
-        if not self.down_until:
-            log.warning("shared prefix index: Redis %s unreachable (%s); routing on the local index, "
-                        "retrying every %.1fs", self.settings.redis_address, type(exc).__name__,
-                        self.settings.redis_retry_s)
+    def _ok(self) -> None:
+        if self.down_until:
+            log.warning("shared prefix index: Redis %s reachable again", self.settings.redis_address)
+            self.down_until = 0.0
+        self.metrics.up.set(1)
+
+    def _failed(self, exc: BaseException) -> None:
+        if self.down_until <= time.monotonic():  # one error per outage spell, from either loop
+            if not self.down_until:
+                log.warning("shared prefix index: Redis %s unreachable (%s); routing on the local index, "
+                            "retrying every %.1fs", self.settings.redis_address, type(exc).__name__,
+                            self.settings.redis_retry_s)
+            self._errors.inc()
         self.down_until = time.monotonic() + self.settings.redis_retry_s
-        self._errors.inc()
         self.metrics.up.set(0)
+        self.first_round_done = True
+
+    def _requeue(self, batch: list[Record]) -> None:
         # put the batch back in front (older than what arrived meanwhile), within maxPending
         room = self.pending.maxlen - len(self.pending) if self.pending.maxlen else len(batch)
         keep = batch[-room:] if room > 0 else []
@@ -242,13 +301,14 @@ class SharedIndexSync:
         self.pending.extendleft((ep, BlockHashes.from_bytes(chain)) for ep, chain in reversed(keep))
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+                await task
         if self.pending and time.monotonic() >= self.down_until:
             with contextlib.suppress(Exception):
-                await self.round()  # publish the last dispatches (best effort)
+                await self.publish()  # the last dispatches (best effort)
         with contextlib.suppress(Exception):
             await self.client.aclose()
