@@ -45,6 +45,13 @@ def make(address: str, sync: float = LONG, **kw: float) -> tuple[SharedIndexSync
     return SharedIndexSync(settings, target, SharedIndexMetrics(CollectorRegistry())), target
 
 
+def run_with(redis: redis_harness.RedisServer, scenario) -> None:  # type: ignore[no-untyped-def]
+    try:
+        asyncio.run(scenario())
+    finally:
+        redis.stop()
+
+
 def test_a_dispatch_reaches_the_other_replica_within_a_round_trip(tmp_path: Path) -> None:
     redis = redis_harness.start_redis(tmp_path)
 
@@ -71,10 +78,7 @@ def test_a_dispatch_reaches_the_other_replica_within_a_round_trip(tmp_path: Path
             await a.close()
             await b.close()
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        redis.stop()
+    run_with(redis, scenario)
 
 
 def test_a_batch_that_failed_is_published_once_redis_is_back(tmp_path: Path) -> None:
@@ -99,8 +103,5 @@ def test_a_batch_that_failed_is_published_once_redis_is_back(tmp_path: Path) -> 
             await a.close()
             await b.close()
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        redis.stop()
+    run_with(redis, scenario)
 
