@@ -283,6 +283,41 @@ def with_shared_index(sched_yaml: str | None, redis_address: str, sync_interval:
                                  f"  syncInterval: {sync_interval}\n")
 
 
+# The router's deadlines that a request's engine time runs into, as (section, YAML key,
+# field of kthena_router's defaults). Connect is a local TCP handshake, not engine time.
+_SIM_TIME_TRAFFIC = (
+    ("timeouts", "response", "response_s"), ("timeouts", "firstToken", "first_token_s"),
+    ("timeouts", "idle", "idle_s"), ("timeouts", "total", "total_s"),
+    ("timeouts", "poolWait", "pool_wait_s"),
+    ("outlierDetection", "interval", "interval_s"),
+    ("outlierDetection", "baseEjectionTime", "base_ejection_s"),
+    ("outlierDetection", "maxEjectionTime", "max_ejection_s"),
+    ("outlierDetection", "stallMinimum", "stall_min_s"),
+)
+
+
+def with_sim_time_traffic(sched_yaml: str, time_scale: float) -> str:
+    """The routerConfiguration plus a `traffic` section holding the router's default
+    timeouts and outlier-detection times in simulated time (wall = x time scale), as
+    syncInterval: the engines run `time_scale` times slower, so a 60 s first-token
+    timeout in wall time would fire on a queue that real engines drain in 60 / time_scale
+    seconds, and eject busy engines no real deployment would. A policy's own `traffic`
+    section is kept as written."""
+    if sched_yaml.startswith("traffic:") or "\ntraffic:" in sched_yaml:
+        return sched_yaml
+    from kthena_router.config.traffic import DEFAULT_TRAFFIC  # the defaults, not a copy
+
+    sections: dict[str, list[str]] = {}
+    for section, key, field_name in _SIM_TIME_TRAFFIC:
+        d = DEFAULT_TRAFFIC.defaults
+        obj = d.timeouts if section == "timeouts" else d.outlier
+        seconds = getattr(obj, field_name)
+        if seconds:  # None or 0: off, and off stays off
+            sections.setdefault(section, []).append(f"{key}: {round(seconds * time_scale * 1000)}ms")
+    body = "".join(f"  {section}: {{{', '.join(items)}}}\n" for section, items in sections.items())
+    return sched_yaml + ("" if sched_yaml.endswith("\n") or not sched_yaml else "\n") + "traffic:\n" + body
+
+
 def start_replicas(logdir: Path, procs: list[Proc], ports: list[int], policy: Policy,
                    sched_yaml: str | None, kv_events_base: int | None = None,
                    extra_args: tuple[str, ...] = ()) -> tuple[str, list[str]]:

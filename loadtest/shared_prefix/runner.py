@@ -169,6 +169,7 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
     shared: dict[str, float | None] | None = None
     served: list[float | None] | None = None
     hot_spot: float | None = None
+    retries: float | None = None
     needs_events = pol.kv_events or policies.uses_kv_events(sched_yaml)
     try:
         ev_base = cluster.free_port_block(2 * cluster.N_ENGINES) if needs_events else None
@@ -180,6 +181,8 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
         chooser: Chooser = Chooser()
         urls: list[str]
         if pol.kind == "router":
+            if sched_yaml is not None:
+                sched_yaml = cluster.with_sim_time_traffic(sched_yaml, k)
             if pol.shared_index:  # a fresh Redis per cell: the index starts empty, as the caches
                 # syncInterval 50 ms of simulated time (wall = x time scale): the staleness a
                 # real deployment at 50 ms would have, not one the slowed clock flatters
@@ -230,6 +233,8 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
             await asyncio.sleep(1.2)
             hot_spot = await asyncio.to_thread(
                 _sum_counter, router_admins, "kthena_router_hot_spot_reorders_total")
+        if router_admins:  # attempts that failed over (timeouts, errors): each a sign of trouble
+            retries = await asyncio.to_thread(_sum_counter, router_admins, "kthena_router_retries_total")
         if router_admins and pol.shared_index:
             shared = {n: await asyncio.to_thread(_sum_counter, router_admins,
                                                  f"kthena_router_shared_index_{n}_total")
@@ -265,6 +270,8 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
     cells.add_engine_ttft(cell, ttfts, ttft0, ttft1)
     if hot_spot is not None:
         cell["hot_spot_reorders"] = hot_spot
+    if retries is not None:
+        cell["router_retries"] = retries
     if pol.replicas > 1:
         cell["replicas"] = pol.replicas
         cell["requests_per_replica"] = served  # haproxy's round-robin spread (probes included)
@@ -294,8 +301,9 @@ def _cell_line(cell: dict[str, Any]) -> str:
             f"{m['req_s']:.2f} req/s, mean TTFT {m['ttft_mean_s'] or math.nan:.3f}s, "
             f"hit {100 * (m['hit_rate'] or 0):.1f}%, lag {cell['engine_lag_max_s']:.3f}s, "
             f"added TTFT {cell.get('added_ttft_mean_ms', math.nan):.1f} ms, "
-            f"load {cell['load_avg_1m']:.1f} "
-            f"-> {verdict}")
+            f"load {cell['load_avg_1m']:.1f}"
+            + (f", router retries {cell['router_retries']:g}" if cell.get("router_retries") else "")
+            + f" -> {verdict}")
 
 
 async def bench(a: argparse.Namespace, logdir: Path) -> dict[str, Any]:
