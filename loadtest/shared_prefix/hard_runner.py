@@ -65,6 +65,8 @@ async def run_hard_cell(a: argparse.Namespace, spec: HardSpec, pol: policies.Pol
         engine_urls = [f"http://127.0.0.1:{p}" for p in ports]
         router_admin: str | None = None
         if pol.kind == "router":
+            if sched_yaml is not None:  # the router's deadlines in simulated time
+                sched_yaml = cluster.with_sim_time_traffic(sched_yaml, k)
             url, router_admin = cluster.start_router(
                 logdir, procs, ports, pol, sched_yaml, kv_events_base=ev_base,
                 extra_args=tuple(a.router_arg), lora_adapters=spec.lora_adapters)
