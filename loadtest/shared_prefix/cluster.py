@@ -307,11 +307,11 @@ def with_sim_time_traffic(sched_yaml: str, time_scale: float) -> str:
         return sched_yaml
     from kthena_router.config.traffic import DEFAULT_TRAFFIC  # the defaults, not a copy
 
+    defaults = {"timeouts": DEFAULT_TRAFFIC.defaults.timeouts,
+                "outlierDetection": DEFAULT_TRAFFIC.defaults.outlier}
     sections: dict[str, list[str]] = {}
     for section, key, field_name in _SIM_TIME_TRAFFIC:
-        d = DEFAULT_TRAFFIC.defaults
-        obj = d.timeouts if section == "timeouts" else d.outlier
-        seconds = getattr(obj, field_name)
+        seconds = getattr(defaults[section], field_name)
         if seconds:  # None or 0: off, and off stays off
             sections.setdefault(section, []).append(f"{key}: {round(seconds * time_scale * 1000)}ms")
     body = "".join(f"  {section}: {{{', '.join(items)}}}\n" for section, items in sections.items())
