@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from .workload import words_text
@@ -325,3 +325,24 @@ HARD_PROFILES: dict[str, HardSpec] = {
     "bursts": BurstSpec(name="bursts"),
     "lora": LoraSpec(name="lora"),
 }
+
+
+def with_overrides(spec: HardSpec, items: list[str]) -> HardSpec:
+    """`spec` with FIELD=VALUE overrides (runner's --set), each parsed as the field's
+    current type (int, float, str); tuples and unknown fields are refused."""
+    known = {f.name: getattr(spec, f.name) for f in fields(spec)}
+    changes: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in known or key in ("name", "seed"):
+            raise ValueError(f"--set wants FIELD=VALUE with a field of {type(spec).__name__} "
+                             f"other than name and seed, got {item!r}")
+        cur = known[key]
+        if not isinstance(cur, (int, float, str)) or isinstance(cur, bool):
+            raise ValueError(f"--set cannot change {key} (a {type(cur).__name__})")
+        try:
+            changes[key] = type(cur)(raw)
+        except ValueError:
+            raise ValueError(f"--set {key} wants a {type(cur).__name__}, got {raw!r}") from None
+    return replace(spec, **changes)

@@ -48,7 +48,7 @@ from loadtest.loadgen import install_uvloop
 from . import cells, cluster, hard_runner, policies, report
 from .client import Chooser, Result, RoundRobin, RunStats, drive
 from .greedy import GreedyReference, group_prompt_tokens, prompt_shape
-from .hard_workloads import HARD_PROFILES
+from .hard_workloads import HARD_PROFILES, with_overrides
 from .workload import PROFILES, WorkloadSpec, arrival_times, generate, profile
 
 # Wall seconds per simulated second, per profile: slow enough that 2 cores keep the
@@ -89,6 +89,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                  ("question-len", int), ("output-len", int), ("request-rate", float),
                  ("max-concurrency", int)):
         p.add_argument(f"--{f}", type=t, default=None)
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="hard profiles: override a field of the workload, e.g. --set rate=130")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--keep-logs", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -123,8 +125,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         a.kv_list = [float(x) for x in a.kv_factors.split(",")]
     else:
         a.kv_list = list(SWEEP_FACTORS) if a.sweep else [cluster.PUBLISHED_REGIME]
+    a.hard_spec = None
+    if a.profile in HARD_PROFILES:
+        try:
+            a.hard_spec = with_overrides(HARD_PROFILES[a.profile], a.set)
+        except ValueError as e:
+            p.error(str(e))
+    elif a.set:
+        p.error("--set applies to the hard profiles only")
     if a.time_scale is None:
-        a.time_scale = (HARD_PROFILES[a.profile].time_scale if a.profile in HARD_PROFILES
+        a.time_scale = (a.hard_spec.time_scale if a.hard_spec is not None
                         else DEFAULT_TIME_SCALE[a.profile])
     return a
 
@@ -345,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = False
     try:
         if a.profile in HARD_PROFILES:
-            asyncio.run(hard_runner.bench(a, HARD_PROFILES[a.profile], logdir))
+            asyncio.run(hard_runner.bench(a, a.hard_spec, logdir))
         else:
             asyncio.run(bench(a, logdir))
         ok = True

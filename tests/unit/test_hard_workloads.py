@@ -9,7 +9,7 @@ import pytest
 
 from loadtest.shared_prefix.hard_workloads import (
     HARD_PROFILES, LORA_NAMES, BurstSpec, LoraSpec, MixedSpec, MultiTurnSpec, ZipfSpec,
-    log_uniform_int, zipf_weights,
+    log_uniform_int, with_overrides, zipf_weights,
 )
 
 
@@ -122,3 +122,13 @@ def test_lora_adapter_popularity_and_engine_slots() -> None:
     req = spec.plan().requests[0]
     assert req.chat_body("base")["model"] == req.model
     assert ZipfSpec(seed=4).plan().requests[0].chat_body("base")["model"] == "base"
+
+
+def test_overrides_parse_as_the_fields_type_and_refuse_the_rest() -> None:
+    spec = with_overrides(ZipfSpec(name="zipf"), ["rate=130", "num-groups=8", "time_scale=12"])
+    assert (spec.rate, spec.num_groups, spec.time_scale) == (130.0, 8, 12.0)
+    assert isinstance(spec.num_groups, int) and spec.name == "zipf"
+    assert with_overrides(spec, []) == spec
+    for bad in (["rate"], ["nope=1"], ["seed=3"], ["num_groups=1.5"], ["engine_args=x"]):
+        with pytest.raises(ValueError):
+            with_overrides(LoraSpec(), bad) if bad == ["engine_args=x"] else with_overrides(spec, bad)
