@@ -99,17 +99,19 @@ def _sys_user(system: str, question: str) -> tuple[Message, ...]:
 @dataclass(frozen=True)
 class ZipfSpec(HardSpec):
     """Shared-prefix groups with Zipf(s) popularity. 12 groups at s = 1.1: the hottest
-    takes 35% of requests, the two hottest 52%. At 110 req/s (~0.9 of the cluster's
-    cached capacity, ~40 req/s per engine) the hottest group alone needs ~1 engine and
-    the two hottest ~1.4: they must be replicated; the 10 cold ones (48% of the traffic,
-    41k prefix tokens) should stay partitioned (KV per engine: 2560 blocks = 41k tokens)."""
+    takes 35% of requests, the two hottest 52%. The cluster serves ~140 req/s with every
+    prefix cached (measured, docs/hard-workloads.md); at 125 req/s (~0.9 of it) the
+    hottest group needs ~0.95 of an engine and the two hottest ~1.4: they must be
+    replicated; the 10 cold ones (48% of the traffic, 41k prefix tokens) should stay
+    partitioned (KV per engine: 2560 blocks = 41k tokens). 960 requests (~7.7 s) so that
+    the steady state, not the cold start, decides the tail."""
     num_groups: int = 12
     zipf_s: float = 1.1
-    num_requests: int = 480
+    num_requests: int = 960
     system_len: int = 4096
     question_len: int = 128
     output_len: int = 64
-    rate: float = 110.0
+    rate: float = 125.0
     kv_blocks: int = 2560
 
     def plan(self) -> Plan:
@@ -191,7 +193,10 @@ class MixedSpec(HardSpec):
     4-8k tokens, uniform, + a 50-200-token question), 10% long context (32k unique
     tokens); outputs log-uniform in 16-1024 (mean 242). Prefill alone averages ~0.25 s of
     engine time per request (a 32k prompt ~1.9 s in 8k chunks, a cold document ~0.16 s),
-    so 3 engines serve at most ~10 req/s before decode; sent at 6 req/s. KV per engine: 6144 blocks (98k tokens: ~16 documents or 3 long prompts)."""
+    so 3 engines would serve at most ~10 req/s before decode; with decode and the 32k
+    prompts' attention they served ~4 req/s when offered 6 (docs/hard-workloads.md); sent
+    at 3.2 req/s (~0.8 of that). KV per engine: 6144 blocks (98k tokens: ~16 documents or
+    3 long prompts)."""
     num_requests: int = 96
     mix: tuple[float, float, float] = (0.6, 0.3, 0.1)  # chat, rag, long
     chat_len: tuple[int, int] = (200, 800)
@@ -200,7 +205,7 @@ class MixedSpec(HardSpec):
     rag_question_len: tuple[int, int] = (50, 200)
     long_len: int = 32768
     output_len: tuple[int, int] = (16, 1024)
-    rate: float = 6.0
+    rate: float = 3.2
     time_scale: float = 4.0
     kv_blocks: int = 6144
 

@@ -132,3 +132,36 @@ def test_overrides_parse_as_the_fields_type_and_refuse_the_rest() -> None:
     for bad in (["rate"], ["nope=1"], ["seed=3"], ["num_groups=1.5"], ["engine_args=x"]):
         with pytest.raises(ValueError):
             with_overrides(LoraSpec(), bad) if bad == ["engine_args=x"] else with_overrides(spec, bad)
+
+
+def _summary(rate: float, cells: dict[str, list[tuple[float, bool]]]) -> dict:  # type: ignore[type-arg]
+    rows = {name: {"cells": [{"seed": i + 1, "accepted": acc,
+                              "metrics": {"req_s": rate, "ttft_p90_s": p90, "hit_rate": 0.9}}
+                             for i, (p90, acc) in enumerate(cs)]}
+            for name, cs in cells.items()}
+    return {"workload": {"kind": "ZipfSpec", "rate": rate}, "tables": [{"rows": rows}]}
+
+
+def test_goodput_is_the_highest_rate_every_accepted_seed_kept_the_slo() -> None:
+    from loadtest.shared_prefix.hard_goodput import collect, goodput, markdown
+    runs = [_summary(100, {"a": [(0.1, True), (0.2, True)], "b": [(0.1, True), (0.3, True)]}),
+            _summary(150, {"a": [(0.2, True), (0.9, False)], "b": [(0.4, True), (0.1, True)]}),
+            _summary(200, {"a": [(0.6, True), (0.1, True)], "b": [(0.1, False)]})]
+    data = collect(runs)
+    assert goodput(data["a"], 0.25) == 150  # the rejected 0.9 s cell does not count
+    assert goodput(data["b"], 0.25) is None  # seed 2 at 100/s missed the SLO
+    assert goodput(data["b"], 0.35) == 100  # 150/s: seed 1 missed; 200/s: nothing accepted
+    # a miss at a lower rate ends the goodput even if a higher rate passed
+    assert goodput({100: [{"ttft_p90_s": 0.5}], 150: [{"ttft_p90_s": 0.1}]}, 0.25) is None
+    text = markdown(runs, 0.25)
+    assert "| a |" in text and text.strip().splitlines()[-1].endswith("| - |")
+
+
+def test_runner_set_overrides_hard_profiles_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from loadtest.shared_prefix.runner import parse_args
+    a = parse_args(["--profile", "zipf", "--set", "rate=130", "--out", str(tmp_path)])
+    assert a.hard_spec.rate == 130.0 and a.time_scale == a.hard_spec.time_scale
+    assert parse_args(["--profile", "zipf", "--out", str(tmp_path)]).hard_spec == HARD_PROFILES["zipf"]
+    for argv in (["--profile", "ci", "--set", "rate=1"], ["--profile", "zipf", "--set", "nope=1"]):
+        with pytest.raises(SystemExit):
+            parse_args([*argv, "--out", str(tmp_path)])
