@@ -58,6 +58,12 @@ SWEEP_FACTORS = (0.25, 0.5, 1.0, 2.0)
 SEED_SETS = {"tuning": (1, 2, 3), "report": (4, 5, 6)}
 
 
+# workload overrides of the shared-prefix profiles (hard profiles: --set)
+WORKLOAD_FLAGS: dict[str, type] = {
+    "num-groups": int, "prompts-per-group": int, "system-prompt-len": int, "question-len": int,
+    "output-len": int, "request-rate": float, "max-concurrency": int}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m loadtest.shared_prefix.runner",
                                 description=__doc__,
@@ -85,9 +91,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--router-arg", action="append", default=[], metavar="ARG",
                    help="extra CLI argument for our router, e.g. --router-arg=--hot-spot-abs=64")
     # workload overrides (default: the profile's)
-    for f, t in (("num-groups", int), ("prompts-per-group", int), ("system-prompt-len", int),
-                 ("question-len", int), ("output-len", int), ("request-rate", float),
-                 ("max-concurrency", int)):
+    for f, t in WORKLOAD_FLAGS.items():
         p.add_argument(f"--{f}", type=t, default=None)
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="hard profiles: override a field of the workload, e.g. --set rate=130")
@@ -127,6 +131,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         a.kv_list = list(SWEEP_FACTORS) if a.sweep else [cluster.PUBLISHED_REGIME]
     a.hard_spec = None
     if a.profile in HARD_PROFILES:
+        given = [f for f in WORKLOAD_FLAGS if getattr(a, f.replace("-", "_")) is not None]
+        if given:  # these shape the shared-prefix profiles only; refused, not ignored
+            p.error(f"--{', --'.join(given)}: not for hard profiles, use --set FIELD=VALUE")
         try:
             a.hard_spec = with_overrides(HARD_PROFILES[a.profile], a.set)
         except ValueError as e:

@@ -162,6 +162,7 @@ def test_runner_set_overrides_hard_profiles_only(tmp_path) -> None:  # type: ign
     a = parse_args(["--profile", "zipf", "--set", "rate=130", "--out", str(tmp_path)])
     assert a.hard_spec.rate == 130.0 and a.time_scale == a.hard_spec.time_scale
     assert parse_args(["--profile", "zipf", "--out", str(tmp_path)]).hard_spec == HARD_PROFILES["zipf"]
-    for argv in (["--profile", "ci", "--set", "rate=1"], ["--profile", "zipf", "--set", "nope=1"]):
+    for argv in (["--profile", "ci", "--set", "rate=1"], ["--profile", "zipf", "--set", "nope=1"],
+                 ["--profile", "zipf", "--request-rate", "130"]):  # refused, not ignored
         with pytest.raises(SystemExit):
             parse_args([*argv, "--out", str(tmp_path)])
