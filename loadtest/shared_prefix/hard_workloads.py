@@ -99,8 +99,8 @@ def _sys_user(system: str, question: str) -> tuple[Message, ...]:
 @dataclass(frozen=True)
 class ZipfSpec(HardSpec):
     """Shared-prefix groups with Zipf(s) popularity. 12 groups at s = 1.1: the hottest
-    takes 35% of requests, the two hottest 52%. The cluster serves ~140 req/s with every
-    prefix cached (measured, docs/hard-workloads.md); at 125 req/s (~0.9 of it) the
+    takes 35% of requests, the two hottest 52%. The cluster serves ~140-150 req/s with
+    every prefix cached (measured, docs/hard-workloads-goodput.md); at 125 req/s the
     hottest group needs ~0.95 of an engine and the two hottest ~1.4: they must be
     replicated; the 10 cold ones (48% of the traffic, 41k prefix tokens) should stay
     partitioned (KV per engine: 2560 blocks = 41k tokens). 960 requests (~7.7 s) so that
