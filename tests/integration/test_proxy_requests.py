@@ -73,14 +73,28 @@ def test_models_lists_routes_and_adapters(router: harness.Router) -> None:
     assert owners == {"kthena"}
 
 
-def test_round_robin_spreads_requests(router: harness.Router, simulator: harness.Simulator) -> None:
+def _endpoint_view(router: harness.Router, sim: harness.Simulator) -> dict[str, tuple[float, float]]:
+    """{endpoint: (healthy, metrics_stale)} as the router's metrics show them."""
+    fams = harness.parse_metrics(router.metrics_text())
+    keys = [f"{harness.HOST}:{p}" for p in sim.ports]
+    return {k: (harness.metric_value(fams, "kthena_router_endpoint_healthy", endpoint=k),
+                harness.metric_value(fams, "kthena_router_endpoint_metrics_stale", endpoint=k))
+            for k in keys}
+
+
+def test_requests_spread_over_the_engines(router: harness.Router, simulator: harness.Simulator) -> None:
+    # An earlier test on this shared router may have left an engine ejected or its last
+    # scrape failed (load unknown = worst, by design it then gets nothing while the others
+    # are idle): the spread is only owed once every engine is a fresh, healthy candidate.
+    harness.wait_until(lambda: all(v == (1.0, 0.0) for v in _endpoint_view(router, simulator).values()),
+                       30, what="every engine healthy and freshly scraped")
     client = router.openai()
     n = 6 * router.workers
     for _ in range(n):
         client.completions.create(model="demo", prompt="x", max_tokens=1)
     received = simulator.received()
     assert sum(received) == n
-    assert all(r >= 1 for r in received), received
+    assert all(r >= 1 for r in received), (received, _endpoint_view(router, simulator))
 
 
 def test_request_id_passed_through_and_generated(router: harness.Router, simulator: harness.Simulator) -> None:

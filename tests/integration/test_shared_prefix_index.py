@@ -38,7 +38,7 @@ scheduler:
 sharedPrefixIndex:
   redis: {{address: "{address}"}}
   syncInterval: 20ms
-  redisTimeout: 200ms
+  redisTimeout: 1s
   redisRetry: 300ms
 """
 
@@ -111,7 +111,9 @@ def test_a_replica_routes_prefixes_to_the_engines_another_replica_chose(setup) -
     harness.wait_until(lambda: metric(b, "kthena_router_shared_index_merged_total") >= GROUPS, 30,
                        what="B merged A's dispatches")
     assert metric(a, "kthena_router_shared_index_published_total") >= GROUPS
-    assert metric(a, "kthena_router_shared_index_redis_up") == 1
+    # one round trip that outlasted redisTimeout on a busy machine marks Redis down for
+    # redisRetry; what must hold is that A is (back) up, not that no call was ever slow
+    harness.wait_until(lambda: metric(a, "kthena_router_shared_index_redis_up") == 1, 30, what="A sees Redis up")
     send(b, "p", "b")
     assert engines(sim, "b") == chosen
 
