@@ -147,6 +147,10 @@ class Scorer:
         """A failed scrape: load signals unknown (worst) until the next update_metrics."""
     def add_in_flight(self, endpoint: int, delta: int) -> int:
         """+1 at dispatch, -1 at completion; returns the new count (floored at 0)."""
+    def add_lora_in_flight(self, endpoint: int, lora_id: int, delta: int) -> None:
+        """A request for adapter `lora_id` dispatched to (+1) or finished on (-1) `endpoint`
+        (lora-affinity's view of the adapters in the engine's batch)."""
+        ...
     def add_remote_in_flight(self, endpoint: int, delta: int) -> None:
         """The pod's other workers dispatched (+) / finished (-) there since the last scrape
         (relayed by the pod-state hub); part of the load until the next update_metrics."""

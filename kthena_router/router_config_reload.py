@@ -124,12 +124,13 @@ class SwitchingBalancer:
         self._live[ep.key] = self._live.get(ep.key, 0) + 1
         scheduler.front_dispatched(key, ep, info, match_s, schedule_s, best)
 
-    def finished(self, ep: Any, ttft_s: float | None = None, tpot_s: float | None = None) -> None:
+    def finished(self, ep: Any, ttft_s: float | None = None, tpot_s: float | None = None,
+                 info: Any = None) -> None:
         key = ep.key
         if self._orphans and _take(self._orphans, key):
             return  # its scheduler is gone
         _take(self._live, key)
-        self.inner.finished(ep, ttft_s, tpot_s)
+        self.inner.finished(ep, ttft_s, tpot_s, info)
 
     def observe_prompt_tokens(self, info: Any, prompt_tokens: int) -> None:
         self.inner.observe_prompt_tokens(info, prompt_tokens)

@@ -29,7 +29,8 @@ class Balancer(Protocol):
 
     def dispatched(self, ep: Any, info: Any) -> None: ...
 
-    def finished(self, ep: Any, ttft_s: float | None = None, tpot_s: float | None = None) -> None: ...
+    def finished(self, ep: Any, ttft_s: float | None = None, tpot_s: float | None = None,
+                 info: Any = None) -> None: ...
 
     def observe_prompt_tokens(self, info: Any, prompt_tokens: int) -> None:
         """The engine reported the request's prompt size (usage.prompt_tokens)."""
@@ -46,7 +47,8 @@ class NoFeedback:
     def dispatched(self, ep: Any, info: Any) -> None:
         pass
 
-    def finished(self, ep: Any, ttft_s: float | None = None, tpot_s: float | None = None) -> None:
+    def finished(self, ep: Any, ttft_s: float | None = None, tpot_s: float | None = None,
+                 info: Any = None) -> None:
         pass
 
     def observe_prompt_tokens(self, info: Any, prompt_tokens: int) -> None:

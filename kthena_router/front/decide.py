@@ -312,7 +312,7 @@ class FastPath:
         if failure is not None:
             self.metrics.upstream_error(live.server_label, ep.key, failure.value)
             self.table.dirty = True
-        self.balancer.finished(ep, att_ttft, tpot)
+        self.balancer.finished(ep, att_ttft, tpot, live.info)
         live.begun = -1
         live.finished = k + 1
 
@@ -353,7 +353,7 @@ class FastPath:
         order = live.order
         if not attempts:
             order[0].health.abandon(live.pending)
-            balancer.finished(order[0], None, None)
+            balancer.finished(order[0], None, None, live.info)
         last = len(attempts) - 1
         for k in range(live.finished, len(attempts)):
             ok = k == last

@@ -60,8 +60,9 @@ class _DecodeSide:
     def dispatched(self, ep: EndpointState, info: Any) -> None:
         self.pairer.dispatched(ep, info, "decode")
 
-    def finished(self, ep: EndpointState, ttft_s: float | None, tpot_s: float | None) -> None:
-        self.pairer.finished(ep, "decode", ttft_s, tpot_s)
+    def finished(self, ep: EndpointState, ttft_s: float | None, tpot_s: float | None,
+                 info: Any = None) -> None:
+        self.pairer.finished(ep, "decode", ttft_s, tpot_s, info)
 
     def observe_prompt_tokens(self, info: Any, n: int) -> None:
         self.pairer.observe_prompt_tokens(info, n)

@@ -343,9 +343,9 @@ class PdPairer:
         balancer.dispatched(ep, info)
 
     def finished(self, ep: EndpointState, side: str, ttft_s: float | None = None,
-                 tpot_s: float | None = None) -> None:
-        """The attempt on `ep` ended."""
-        (self.decode if side == DECODE else self.prefill).finished(ep, ttft_s, tpot_s)
+                 tpot_s: float | None = None, info: Any = None) -> None:
+        """The attempt on `ep` ended (`info` as `dispatched` had it)."""
+        (self.decode if side == DECODE else self.prefill).finished(ep, ttft_s, tpot_s, info)
 
     def observe_prompt_tokens(self, info: Any, prompt_tokens: int) -> None:
         """The engine reported the prompt size (usage.prompt_tokens)."""

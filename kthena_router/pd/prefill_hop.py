@@ -95,7 +95,7 @@ async def prefill_hop(x: Exchange, pool: UpstreamPool, metrics: RouterMetrics, p
     finally:
         gauge.dec()
         dt = time.perf_counter() - t0
-        pairer.finished(ep, "prefill", dt if out is not None and out.failure is None else None, None)
+        pairer.finished(ep, "prefill", dt if out is not None and out.failure is None else None, None, info)
         if resp is not None:
             resp.close()
         elif conn is not None:

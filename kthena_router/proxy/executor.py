@@ -193,7 +193,7 @@ class Executor:
             return await self.buffered_relay.relay(x, resp)
         finally:
             gauge.dec()
-            balancer.finished(ep, x.att_ttft, x.att_tpot)
+            balancer.finished(ep, x.att_ttft, x.att_tpot, info)
             if info is not None and x.att_prompt_tokens:
                 balancer.observe_prompt_tokens(info, x.att_prompt_tokens)
             # A fully read response has already gone back to the pool (close is a no-op

@@ -366,6 +366,10 @@ class Scheduler:
         scorers = self._scorers_of.get(ep.key, ())
         for scorer in scorers:
             scorer.add_in_flight(ep_id, 1)
+        if info is not None and info.lora:
+            lid = self._lora_id(info.lora)
+            for scorer in scorers:
+                scorer.add_lora_in_flight(ep_id, lid, 1)
         if self.flight_listener is not None:
             self.flight_listener(ep.key, 1)
         if self.learn_cost and info is not None and info.matched is not None and info.matched[0] is self:
@@ -442,13 +446,18 @@ class Scheduler:
         if view is not None:
             m.decision(view.label, ep.key)
 
-    def finished(self, ep: EndpointState, ttft_s: float | None = None, tpot_s: float | None = None) -> None:
-        """The attempt on `ep` ended (any outcome); latencies as this router measured them."""
+    def finished(self, ep: EndpointState, ttft_s: float | None = None, tpot_s: float | None = None,
+                 info: RequestInfo | None = None) -> None:
+        """The attempt on `ep` ended (any outcome); latencies as this router measured them;
+        `info` as `dispatched` had it."""
         ep_id = self._ids.get(ep.key)
         if ep_id is None:
             return
+        lid = self._lora_id(info.lora) if info is not None and info.lora else None
         for scorer in self._scorers_of.get(ep.key, ()):
             scorer.add_in_flight(ep_id, -1)
+            if lid is not None:
+                scorer.add_lora_in_flight(ep_id, lid, -1)
             if ttft_s is not None or tpot_s is not None:
                 scorer.observe_latency(ep_id, _NAN if ttft_s is None else ttft_s,
                                        _NAN if tpot_s is None else tpot_s)
@@ -547,13 +556,16 @@ class Scheduler:
         """/debug/scheduler: per ModelServer, what each endpoint's scorer decides on (engine
         running/waiting at the last scrape, in-flight since, the load least-request sees)."""
         servers: dict[str, Any] = {}
+        lora_names = {i: n for n, i in self._lora_ids.items()}
         for view in self._views.values():
             eps = {}
             for ep_id, ep in view.by_id.items():
                 sig = view.scorer.signals(ep_id)
                 if sig is not None:
                     eps[ep.key] = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                                   for k, v in sig.items() if k != "loras"}
+                                   for k, v in sig.items() if k not in ("loras", "lora_in_flight")}
+                    eps[ep.key]["lora_in_flight"] = {lora_names.get(i, str(i)): n
+                                                     for i, n in sig["lora_in_flight"]}
             servers[view.label] = eps
         return {"servers": servers}
 

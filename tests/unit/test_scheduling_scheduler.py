@@ -129,6 +129,28 @@ def test_lora_requests_go_to_endpoints_with_the_adapter():
     assert {s.candidates(KEY, eps, chat(f"x{i}", "q", lora="new"))[0].key for i in range(20)} == {eps[0].key}
 
 
+def test_lora_requests_join_their_adapters_batch_while_it_has_room():
+    # every engine registers all four adapters (/v1/models) but batches at most two at once
+    s, _ = sched(cfg("lora-affinity"))
+    eps = endpoints(3)
+    s.sync({KEY: eps})
+    for ep in eps:
+        s.on_snapshot(snap(ep, loras=("a", "b", "c", "d"), max_lora=2))
+    a, b, c = (chat(f"{n}0", "q", lora=n) for n in "abc")
+    s.dispatched(eps[1], a)
+    for i in range(10):  # where "a" runs
+        assert s.candidates(KEY, eps, chat(f"a{i}", "q", lora="a"))[0] is eps[1]
+    s.dispatched(eps[0], b)
+    s.dispatched(eps[0], c)  # eps[0]'s batch is full of other adapters
+    for i in range(10):
+        assert s.candidates(KEY, eps, chat(f"d{i}", "q", lora="d"))[0] is not eps[0]
+    s.finished(eps[1], info=a)  # "a" drained: every engine with a free slot is equal again
+    s.finished(eps[0], info=b)
+    assert {s.candidates(KEY, eps, chat(f"a{i}", "q", lora="a"))[0].key for i in range(40)} == {e.key for e in eps}
+    view = s.debug_view()["servers"]
+    assert [e["lora_in_flight"] for e in next(iter(view.values())).values()] == [{"c": 1}, {}, {}]
+
+
 def test_removed_endpoints_are_purged_and_capacity_follows_kv():
     s, _ = sched(cfg("prefix-cache"))
     eps = endpoints(3)

@@ -62,6 +62,9 @@ pub struct Signals {
     /// Loaded LoRA adapter ids (the caller's interning of adapter names) and capacity.
     pub loras: Vec<u32>,
     pub max_loras: u32,
+    /// (adapter id, requests this router has in flight there with it): the adapters the
+    /// engine's batch holds now, which a scrape sees only once per period.
+    pub lora_in_flight: Vec<(u32, u32)>,
 }
 
 impl Signals {
@@ -82,7 +85,16 @@ impl Signals {
             stale: true,
             loras: Vec::new(),
             max_loras: 0,
+            lora_in_flight: Vec::new(),
         }
+    }
+
+    /// Requests of adapter `lora` this router has in flight here.
+    pub fn lora_in_flight_of(&self, lora: u32) -> u32 {
+        self.lora_in_flight
+            .iter()
+            .find(|(l, _)| *l == lora)
+            .map_or(0, |&(_, n)| n)
     }
 
     /// `pending_blocks` decayed to `now`: work dispatched one mean TTFT ago is mostly
@@ -349,6 +361,25 @@ impl Scorer {
             e.pending_blocks = 0.0;
         }
         e.in_flight
+    }
+
+    /// Dispatch (+1) or completion (-1) of a request for adapter `lora` on `id`.
+    pub fn add_lora_in_flight(&mut self, id: u32, lora: u32, delta: i64) {
+        let v = &mut self.sig_mut(id).lora_in_flight;
+        let i = match v.iter().position(|(l, _)| *l == lora) {
+            Some(i) => i,
+            None if delta > 0 => {
+                v.push((lora, 0));
+                v.len() - 1
+            }
+            None => return,
+        };
+        let n = (i64::from(v[i].1) + delta).clamp(0, i64::from(u32::MAX)) as u32;
+        if n == 0 {
+            v.swap_remove(i);
+        } else {
+            v[i].1 = n;
+        }
     }
 
     /// Dispatches (+) and completions (-) of the pod's other workers on `id`, relayed;

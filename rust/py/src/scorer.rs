@@ -140,6 +140,11 @@ impl Scorer {
         self.lock().add_in_flight(endpoint, delta)
     }
 
+    /// A request for adapter `lora_id` dispatched to (+1) or finished on (-1) `endpoint`.
+    fn add_lora_in_flight(&mut self, endpoint: u32, lora_id: u32, delta: i64) {
+        self.lock().add_lora_in_flight(endpoint, lora_id, delta);
+    }
+
     /// The pod's other workers dispatched (+) or finished (-) `delta` attempts on
     /// `endpoint` since the last scrape (relayed by the pod-state hub).
     fn add_remote_in_flight(&mut self, endpoint: u32, delta: i64) {
@@ -182,6 +187,7 @@ impl Scorer {
         d.set_item("stale", s.stale)?;
         d.set_item("loras", s.loras.clone())?;
         d.set_item("max_loras", s.max_loras)?;
+        d.set_item("lora_in_flight", s.lora_in_flight.clone())?;
         d.set_item("load", s.load())?;
         Ok(Some(d))
     }
