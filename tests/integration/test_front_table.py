@@ -175,8 +175,9 @@ def test_python_accounts_for_what_the_front_decided(routers: tuple[harness.Route
             r = client.chat.completions.create(model="demo", messages=MSGS, max_tokens=5)
             assert r.usage is not None and r.usage.completion_tokens > 0
 
-    def settled(m: dict) -> bool:
-        return harness.metric_value(m, "kthena_router_requests_total", model="demo") >= before + 6
+    def settled(m: dict) -> bool:  # the counter and the gauge are written apart (a batch flush)
+        return (harness.metric_value(m, "kthena_router_requests_total", model="demo") >= before + 6
+                and harness.metric_value(m, "kthena_router_active_downstream_requests", model="demo") == 0)
 
     fams = harness.metrics_when(table, settled)
     assert harness.metric_value(fams, "kthena_router_requests_total", model="demo") == before + 6

@@ -116,6 +116,8 @@ def test_scale_from_zero_on_a_held_request_and_back_to_zero(env: Obj) -> None:
     api.wait_policy("zero", lambda p: "no scaling this round" in ready_message(p), "a round at zero")
     assert api.ms("zero")["spec"]["replicas"] == 0  # type: ignore[index]
 
+    harness.wait_until(lambda: "zero-model" in {m.id for m in router.openai().models.list()}, 30, interval=0.1,
+                       what="the router serving the route")
     result: dict[str, Any] = {}
 
     def call() -> None:
@@ -130,8 +132,10 @@ def test_scale_from_zero_on_a_held_request_and_back_to_zero(env: Obj) -> None:
     t = threading.Thread(target=call, daemon=True)
     t.start()
     try:
-        harness.wait_until(lambda: metric(router, "kthena_router_pending_requests", model_server=f"{ns}/zero") >= 1,
-                           30, interval=0.1, what="the request held by the router")
+        # (or the call ended: then its error, not a timeout, is the failure)
+        harness.wait_until(lambda: metric(router, "kthena_router_pending_requests", model_server=f"{ns}/zero") >= 1
+                           or not t.is_alive(), 30, interval=0.1, what="the request held by the router")
+        assert t.is_alive(), result
         api.wait_replicas("zero", 1)
         p = api.wait_policy("zero", lambda p: "wake signal router:pending_requests" in ready_message(p),
                             "the wake signal named")
