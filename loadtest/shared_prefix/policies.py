@@ -79,7 +79,8 @@ _KV_ARGS = ("scheduler:\n  pluginConfig:\n  - name: kvcache-aware\n"
             f"    args: {{tokenizers: {{{MODEL}: '{_TOKENIZER}'}}, hashSeed: '0'}}\n")
 
 # best.yaml's pipeline with kvcache-aware's tokenizers (automatic exact matching applies)
-_BEST_TOK = _KV_ARGS + _scorers(("prefix-cache", 1), ("least-request", 1)).removeprefix("scheduler:\n")
+_BEST_TOK = _KV_ARGS + _scorers(("prefix-cache", 1), ("least-request", 1),
+                                 ("lora-affinity", 1)).removeprefix("scheduler:\n")
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
     # our router's built-in balancer (works before the plugins exist)
@@ -94,8 +95,8 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
            _KV_ARGS + _scorers(("kvcache-aware", 1),
                                ("least-request", 1)).removeprefix("scheduler:\n"),
            note="published winner"),
-    # our recommended configuration (configs/scheduling/best.yaml): the default prefix-cache
-    # + least-request; kept as its own row so that its file is what the table measures
+    # our recommended configuration (configs/scheduling/best.yaml): prefix-cache +
+    # least-request + lora-affinity; its own row so that its file is what the table measures
     Policy("best", "router", BEST_CONFIG.read_text(), note="ours, configs/scheduling/best.yaml",
            config_file=BEST_CONFIG),
     # the same, every request decided by Python (the A/B of the Rust front's own decision,

@@ -166,6 +166,65 @@ def test_lora_requests_land_only_on_engines_with_the_adapter(router_workers: int
         sim.stop()
 
 
+LORA_ONLY_CONFIG = """\
+scheduler:
+  plugins:
+    Score:
+      enabled:
+      - {name: lora-affinity, weight: 1}
+"""
+
+
+def test_lora_requests_keep_off_a_batch_full_of_another_adapter(tmp_path: Path) -> None:
+    """Both engines registered both adapters (/v1/models) but batch one at a time
+    (--max-loras 1): while a stream of ad-a runs on one engine, ad-b goes to the other (it
+    would wait there; a tie without the slots). One router worker: the adapters in flight are
+    counted per worker."""
+    sim = harness.start_simulator(tmp_path, 2, fast=True, extra_args=[
+        "--max-loras", "1", "--max-cpu-loras", "2", "--lora", "ad-a", "ad-b"])
+    try:
+        config = harness.write_config(tmp_path / "router.yaml", harness.engine_config(sim.ports, lora=("ad-a", "ad-b")))
+        sched = tmp_path / "scheduler.yaml"
+        sched.write_text(LORA_ONLY_CONFIG)  # with least-request the busy engine would lose anyway
+        router = harness.start_router(config, tmp_path, workers=1,
+                                      extra_args=["--router-config", str(sched), "--scrape-interval-s", "0.2"])
+        harness.wait_until(lambda: all(e.get("max_loras") == 1 for e in _debug_endpoints(router, sim)), 30,
+                           what="max_loras scraped from every engine")
+        for i in range(2):
+            sim.set_faults(i, token_delay_s=0.2)
+        with httpx.Client(timeout=60) as http:
+            body = {"model": "ad-a", "prompt": "a long one", "max_tokens": 200, "stream": True}
+            with http.stream("POST", f"{router.openai_url}/completions", json=body) as resp:
+                assert resp.status_code == 200
+                lines = resp.iter_lines()  # kept: a dropped iterator closes the stream
+                next(lines)  # the stream is running on one engine
+                busy = _served_or_running(sim).index(1)
+                view = _debug_endpoints(router, sim)
+                assert [e["lora_in_flight"] for e in view] == [{"ad-a": 1} if i == busy else {} for i in range(2)], view
+                sim.reset_requests()
+                client = router.openai()
+                for i in range(8):  # a tie would put each on the busy engine half the time
+                    client.completions.create(model="ad-b", prompt=f"b {i}", max_tokens=1)
+                assert _served_by(sim)[busy] == 0, _served_by(sim)
+        router.stop()
+    finally:
+        sim.stop()
+
+
+def _served_or_running(sim: harness.Simulator) -> list[int]:
+    return [sim.requests(i)["received"] for i in range(len(sim.ports))]
+
+
+def _debug_endpoints(router: harness.Router, sim: harness.Simulator) -> list[dict[str, Any]]:
+    """/debug/scheduler's endpoints of the one server, in the simulator's engine order."""
+    r = router.admin_get("/debug/scheduler")
+    r.raise_for_status()
+    (worker,) = r.json()["workers"]
+    servers = worker["servers"]
+    eps = next(iter(servers.values())) if servers else {}
+    return [eps[f"{harness.HOST}:{p}"] for p in sim.ports] if eps else []
+
+
 STALE_CONFIG = """\
 scheduler:
   plugins:
