@@ -58,7 +58,7 @@ def _trim_pod(pod: Obj) -> Obj:
     meta = pod.get("metadata") or {}
     st = pod.get("status") or {}
     keep = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations", "ownerReferences",
-            "deletionTimestamp", "creationTimestamp")
+            "deletionTimestamp", "deletionGracePeriodSeconds", "finalizers", "creationTimestamp")
     status: Obj = {"phase": st.get("phase"), "conditions": st.get("conditions") or []}
     if st.get("podIP"):  # the autoscaler scrapes the pods' metrics (controller/autoscaler/collector.py)
         status["podIP"] = st["podIP"]
@@ -131,11 +131,19 @@ class Informers:
     def owned(self, kind: str, key: Key, uid: str) -> list[Obj]:
         """The live objects of `kind` (pods | services | controllerrevisions) whose controller is
         that ModelServing incarnation (uid), not being deleted."""
+        return self._owned_objects(kind, key, uid, terminating=False)
+
+    def terminating(self, kind: str, key: Key, uid: str) -> list[Obj]:
+        """The objects of `kind` whose controller is that ModelServing incarnation and that are
+        being deleted (a deletionTimestamp)."""
+        return self._owned_objects(kind, key, uid, terminating=True)
+
+    def _owned_objects(self, kind: str, key: Key, uid: str, terminating: bool) -> list[Obj]:
         store = {"pods": self.pods, "services": self.services, "controllerrevisions": self.revisions}[kind].store
         out = []
         for k in sorted(self._owned[kind].get(key, ())):
             obj = store.get(k)
-            if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+            if obj is None or bool((obj.get("metadata") or {}).get("deletionTimestamp")) != terminating:
                 continue
             ok = owner_key(obj)
             if ok is not None and ok[1] == uid:

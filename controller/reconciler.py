@@ -18,6 +18,14 @@ starting state converges and running it twice changes nothing.
 - Plugins (`spec.plugins`, plugins/): run on every pod before its POST. A chain that cannot
   be built or fails on a pod creates no pod (a pod without its plugins would be wrong); the
   condition `PluginsApplied` (present only with plugins) says why.
+- Half-done deletes are finished: an owned pod (or Service) left with a deletionTimestamp,
+  deletionGracePeriodSeconds 0 and no finalizer is deleted again (uid precondition). The
+  apiserver removes such an object in two steps (store the deletionTimestamp, then delete
+  it); a client gone in between (a controller killed during its DELETE) leaves it
+  terminating for good where no kubelet or pod GC finishes it, holding its name and counted
+  by nobody. A second DELETE completes it at once (apiserver rest.BeforeDelete); its event
+  requeues the ModelServing. Not for a DELETE this process saw answered (the cache only
+  lags behind it: no second request).
 - A ModelServing that is gone or being deleted is left to the garbage collector: the pods
   and Services carry its ownerReference (blockOwnerDeletion), so a foreground or background
   cascade removes them; the controller never deletes them for that.
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -54,10 +63,19 @@ Obj = dict[str, Any]
 _PLURAL = {"pods": "pods", "services": "services"}
 PLUGINS_CONDITION = "PluginsApplied"
 SLOW_START_LIMIT = 32  # most writes of one reconcile in flight at once
+ANSWERED_TTL = 300.0  # seconds a DELETE this process saw answered is remembered (Expectations' ttl)
 
 
 class Blocked(RetryableError):
     pass
+
+
+def half_deleted(obj: Obj) -> bool:
+    """Being deleted with no grace period left and nothing to wait for: the apiserver's second
+    step (removing it) never happened, and a new DELETE does it."""
+    m = obj.get("metadata") or {}
+    return bool(m.get("deletionTimestamp")) and m.get("deletionGracePeriodSeconds") in (0, None) \
+        and not m.get("finalizers")
 
 
 async def slow_start(items: list[Obj], call: Callable[[Obj], Awaitable[None]], limit: int = SLOW_START_LIMIT) -> None:
@@ -96,6 +114,15 @@ class Reconciler:
         # key -> (the resourceVersion a status patch was based on, the object it returned): until
         # the cache moves past that resourceVersion, the returned object is the newer one
         self._own_writes: dict[Key, tuple[str, Obj]] = {}
+        self._answered: dict[str, float] = {}  # uid -> until when: our DELETE of it was answered
+
+    async def _delete(self, key: Key, kind: str, obj: Obj) -> None:
+        """DELETE one owned pod or Service (that incarnation: uid precondition)."""
+        m = obj["metadata"]
+        uid = str(m["uid"])
+        await self.writer.delete(object_path("v1", _PLURAL[kind], key[0], m["name"]), uid)
+        self.expectations.deleted(key, kind, uid)
+        self._answered[uid] = time.monotonic() + ANSWERED_TTL
 
     def _latest(self, key: Key, ms: Obj) -> Obj:
         """The cached ModelServing, or the one our last status patch returned while the watch
@@ -124,6 +151,7 @@ class Reconciler:
         pods = self.expectations.overlay(key, "pods", self.informers.owned("pods", key, uid))
         services = self.expectations.overlay(key, "services", self.informers.owned("services", key, uid))
         revisions = self.expectations.overlay(key, history.KIND, self.informers.owned(history.KIND, key, uid))
+        await self._finish_deletes(key, uid)
         pods, services, again, recovered = await self._recover(key, ms, pods, services, ours)
         p = plan(ms, pods, services, history.templates(revisions))
         gang = await self.gang.sync(key, ms, p) if self.gang is not None else None  # before any pod
@@ -157,6 +185,19 @@ class Reconciler:
             self.events.emit(ms, "Warning", "FailedCreate",
                              f"{', '.join(blocked)} exist but are not owned by this ModelServing")
 
+    async def _finish_deletes(self, key: Key, uid: str) -> None:
+        """DELETE again the owned objects a DELETE left half done (half_deleted), unless it was
+        ours and answered (the object is gone already; the cache has not shown it yet)."""
+        now = time.monotonic()
+        for u in [u for u, until in self._answered.items() if until <= now]:
+            del self._answered[u]
+        for kind in ("pods", "services"):
+            for obj in self.informers.terminating(kind, key, uid):
+                if half_deleted(obj) and str(obj["metadata"]["uid"]) not in self._answered:
+                    log.info("%s/%s: finishing the deletion of %s %s", key[0], key[1], kind[:-1],
+                             obj["metadata"]["name"])
+                    await self._delete(key, kind, obj)
+
     async def _recover(self, key: Key, ms: Obj, pods: list[Obj], services: list[Obj], ours: set[str]
                        ) -> tuple[list[Obj], list[Obj], float | None, list[Obj]]:
         """The recovery policy (controller/recovery.py): delete the role replicas or groups to
@@ -173,10 +214,8 @@ class Reconciler:
         gone: set[str] = set()
         for kind, doomed in (("services", d.delete_services), ("pods", d.delete_pods)):
             for obj in doomed:
-                m = obj["metadata"]
-                await self.writer.delete(object_path("v1", _PLURAL[kind], key[0], m["name"]), str(m["uid"]))
-                self.expectations.deleted(key, kind, str(m["uid"]))
-                gone.add(str(m["uid"]))
+                await self._delete(key, kind, obj)
+                gone.add(str(obj["metadata"]["uid"]))
         self.recovery.applied(key, d)
         if not gone:
             return pods, services, d.requeue_after, []
@@ -209,9 +248,7 @@ class Reconciler:
             log.info("%s/%s: replacing %s for revision %s", ns, key[1], ", ".join(p.updating), p.revision)
         for kind, doomed in (("pods", p.delete_pods), ("services", p.delete_services)):
             async def delete(obj: Obj, kind: str = kind) -> None:
-                m = obj["metadata"]
-                await self.writer.delete(object_path("v1", _PLURAL[kind], ns, m["name"]), str(m["uid"]))
-                self.expectations.deleted(key, kind, str(m["uid"]))
+                await self._delete(key, kind, obj)
             await slow_start(doomed, delete)
         blocked: list[str] = []
         pods = self._with_plugins(ms, p.create_pods, chain, extra)
