@@ -182,3 +182,27 @@ def test_prefix_only_puts_a_longest_match_first(blocks, req):
     out = s.schedule(req, list(enumerate(blocks)), None, 16)
     assert blocks[out[0]] == max(blocks)
     assert [blocks[e] for e in out] == sorted(blocks, reverse=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20), st.floats(0, 1), st.integers(0, 6),
+                          st.integers(0, 8), st.integers(0, 5)), min_size=2, max_size=6),
+       st.integers(0, 2**63))
+def test_lora_affinity_leaves_base_model_decisions_as_they_were(eps, req):
+    # best.yaml adds lora-affinity to prefix-cache + least-request: for a base-model request
+    # it scores every endpoint alike, so the order (and the hot-spot guard) must not move
+    # whatever the endpoints' adapters, slots and adapters in flight
+    base = Scorer([], [("prefix-cache", 1), ("least-request", 1)])
+    with_lora = Scorer([], [("prefix-cache", 1), ("least-request", 1), ("lora-affinity", 1)])
+    matches = []
+    for ep, (running, waiting, kv, in_flight, matched, loras) in enumerate(eps):
+        for s in (base, with_lora):
+            s.update_metrics(ep, running, waiting, kv)
+            s.add_in_flight(ep, 0)
+            for _ in range(in_flight):
+                s.add_in_flight(ep, 1)
+        with_lora.set_loras(ep, list(range(loras)), 2)
+        for lora in range(loras):
+            with_lora.add_lora_in_flight(ep, lora, 1)
+        matches.append((ep, matched))
+    assert base.schedule(req, matches, None, 8) == with_lora.schedule(req, matches, None, 8)
