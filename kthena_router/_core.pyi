@@ -150,12 +150,14 @@ class Scorer:
     def add_lora_in_flight(self, endpoint: int, lora_id: int, delta: int) -> None:
         """A request for adapter `lora_id` dispatched to (+1) or finished on (-1) `endpoint`
         (lora-affinity's view of the adapters in the engine's batch)."""
-        ...
     def add_remote_in_flight(self, endpoint: int, delta: int) -> None:
         """The pod's other workers dispatched (+) / finished (-) there since the last scrape
         (relayed by the pod-state hub); part of the load until the next update_metrics."""
     def observe_latency(self, endpoint: int, ttft_s: float = ..., tpot_s: float = ...) -> None:
         """The router's own observation, blended into the scraped means (EWMA, alpha 0.2)."""
+    def add_pending(self, endpoint: int, blocks: float) -> None:
+        """Prefill work dispatched to `endpoint` (+ the request's uncached prefix blocks) or
+        done there (- the same, at its first token or end); prefill-cost's cost. Floored at 0."""
     def set_loras(self, endpoint: int, lora_ids: list[int], max_loras: int) -> None:
         """Loaded adapters (caller-interned ids) and the engine's adapter capacity."""
     def signals(self, endpoint: int) -> dict[str, object] | None:
@@ -356,21 +358,29 @@ class Front:
         request (floats < 0 and ints < 0: unknown; codes in rust/py/src/front/fast.rs); (2, id, attempts)
         when a stream's first event reached the client (the last attempt answers); (3, id, endpoint
         index, events) every second of a running stream: its events since the last such report;
-        (4, id, version, model, target, order: [endpoint index], stream, chat, request_id, age_s) for a
-        request the front decided itself from the installed table (before its other events)."""
+        (4, id, version, model, target, order: [endpoint index], stream, chat, request_id, age_s, sched)
+        for a request the front decided itself from the installed table (before its other events;
+        sched: None or (hashes, prompt bytes, match s, schedule s, best share, pending blocks)); (5, id)
+        when a stream's first event reached the front and its `fast` call asked for it."""
     def fast(self, id: int, addrs: list[str], hosts: list[str], target: str, headers: bytes, body: bytes,
              stream: bool, hide_usage: bool, timeouts: tuple[float, float, float, float, float, float, float],
-             max_buffered: int, request_id: str) -> bool:
+             max_buffered: int, request_id: str, first_token_event: bool = False) -> bool:
         """Relay request `id` in Rust: attempt i goes to addrs[i] ("ip:port", Host hosts[i]) while no
         byte reached the client; `headers` are CRLF-terminated lines; timeouts (connect, response,
-        firstToken, idle, total, poolWait, retryInterval) in seconds, < 0 = none."""
-    def install(self, version: int, models: list[tuple[str, list[tuple[int, int]], int, bytes | None]],
+        firstToken, idle, total, poolWait, retryInterval) in seconds, < 0 = none;
+        `first_token_event`: report the stream's first event (drain's kind 5)."""
+    def install(self, version: int, models: list[tuple[str, list[tuple[int, int]], int, bytes | None, list[int]]],
                 servers: list[tuple[list[str], list[str], int, int, bytes,
-                                    tuple[float, float, float, float, float, float, float], int]]) -> None:
+                                    tuple[float, float, float, float, float, float, float], int,
+                                    tuple[Scorer, list[int]] | None]],
+                prefix: tuple[PrefixIndex, int, int, bool, bool] | None = None) -> None:
         """The table of models the front decides alone (kthena_router/front/table.py): per model
         (name, [(cumulative weight, server index)], total weight, the JSON upstream model name or
-        None), per server (addrs, hosts, retry attempts (< 0: default), default retry endpoints,
-        extra header lines, timeouts as in `fast`, max buffered bytes). Servers start not calm."""
+        None, the prefix seed per target), per server (addrs, hosts, retry attempts (< 0: default),
+        default retry endpoints, extra header lines, timeouts as in `fast`, max buffered bytes,
+        None or the scheduler's (Scorer, endpoint id per endpoint)); `prefix`: the scheduler's
+        index and (block size, max blocks, balance misses, prefill-cost's pending work) when a
+        prefix plugin scores. Servers start not calm."""
     def calm(self, version: int, flags: list[bool]) -> None:
         """Which servers of table `version` the front may decide for (every endpoint usable)."""
     def uninstall(self) -> None:

@@ -115,14 +115,14 @@ class SwitchingBalancer:
         self.inner.dispatched(ep, info)
 
     def front_dispatched(self, scheduler: Scheduler, key: Any, ep: Any, info: Any, match_s: float,
-                         schedule_s: float, best: float) -> None:
+                         schedule_s: float, best: float, pending: float = -1.0) -> None:
         """The Rust front dispatched to `ep` with `scheduler` (front/table.py); replaced since:
         its attempt finishes as an orphan."""
         if scheduler is not self.inner:
             self._orphans[ep.key] = self._orphans.get(ep.key, 0) + 1
             return
         self._live[ep.key] = self._live.get(ep.key, 0) + 1
-        scheduler.front_dispatched(key, ep, info, match_s, schedule_s, best)
+        scheduler.front_dispatched(key, ep, info, match_s, schedule_s, best, pending)
 
     def finished(self, ep: Any, ttft_s: float | None = None, tpot_s: float | None = None,
                  info: Any = None) -> None:

@@ -70,6 +70,8 @@ class RustFront:
                         fast.done(*ev[1:])
                     elif kind == 2:
                         fast.first_byte(ev[1], ev[2])
+                    elif kind == 5:
+                        fast.first_token(ev[1])
                     else:
                         fast.progress(ev[1], ev[2], ev[3])
                 except Exception:

@@ -231,8 +231,10 @@ class FastPath:
         else:
             pairs = [host(ep) for ep in order]
             addrs, hosts = [a for a, _ in pairs], [h for _, h in pairs]
+        # prefill-cost matched this request: its pending prefill work ends at the first event
+        first_token = body.stream and info is not None and info.matched is not None
         if not self.core.fast(rid, addrs, hosts, plans.target(path, query), block, payload, body.stream, inject,
-                              plan.timeouts, plan.max_buffered, hdrs.request_id):
+                              plan.timeouts, plan.max_buffered, hdrs.request_id, first_token):
             return  # the client left while we decided: nothing started
         self._register(rid, order, info, body.model, label, plan, hdrs.request_id, body.stream, None)
 
@@ -241,7 +243,8 @@ class FastPath:
                   front: tuple[Any, ...] | None = None) -> None:
         """A fast-path request is under way: gauges, in-flight counts, the first attempt's
         health record (sent at `sent`, monotonic; None: now). `front`: the front's scheduler
-        decision (scheduler, server key, match s, schedule s, best share), half accounted."""
+        decision (scheduler, server key, match s, schedule s, best share, pending blocks), half
+        accounted."""
         fw = self.fw
         batch = self.batch
         batch.add(self.n_fast, 1)
@@ -260,9 +263,10 @@ class FastPath:
                                request_id, stream)
 
     def decided(self, rid: int, version: int, model: int, target: int, order: list[int], stream: bool, chat: bool,
-                request_id: str, age: float, sched: tuple[Any, int, float, float, float] | None = None) -> None:
+                request_id: str, age: float, sched: tuple[Any, int, float, float, float, float] | None = None) -> None:
         """The front decided request `rid` itself (front/table.py), `age` seconds ago; `sched`:
-        its scheduler decision's (hashes, prompt bytes, match s, schedule s, best share)."""
+        its scheduler decision's (hashes, prompt bytes, match s, schedule s, best share, blocks
+        added to the endpoint's pending prefill work or -1)."""
         inst = self.table.installs.get(version)
         if inst is None:  # more installs since than are kept: cannot happen within a wake-up or two
             log.error("rust front: request %d decided on table %d, no longer known", rid, version)
@@ -273,12 +277,12 @@ class FastPath:
         label = self._labels[chat]
         info = front = None
         if sched is not None and inst.scheduler is not None:
-            hashes, prompt_bytes, match_s, schedule_s, best = sched
+            hashes, prompt_bytes, match_s, schedule_s, best, pending = sched
             server = match.server
             path = "/v1/chat/completions" if chat else "/v1/completions"
             info = RequestInfo(request_id, path, None, server.model or match.upstream_model, "", name)
             info.hashes, info.prompt_bytes = hashes, prompt_bytes
-            front = (inst.scheduler, server.key, match_s, schedule_s, best)
+            front = (inst.scheduler, server.key, match_s, schedule_s, best, pending)
         self._register(rid, [eps[i] for i in order], info, name, label, plan, request_id, stream,
                        time.monotonic() - age, front)
 
@@ -327,6 +331,13 @@ class FastPath:
             self._finish(live, j, attempts[j][1], _E_NONE, False, None, None)
         live.order[k].health.first_byte(self._pending(live, k))
         live.answered = True
+
+    def first_token(self, rid: int) -> None:
+        """A stream's first event reached the front (asked for prefill-cost): the answering
+        attempt's prefill is done."""
+        live = self.live.get(rid)
+        if live is not None and live.info is not None:
+            live.info.prefilled()
 
     def progress(self, rid: int, endpoint: int, events: int) -> None:
         """A running stream's events since its last report count as output tokens of its

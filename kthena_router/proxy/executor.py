@@ -143,6 +143,8 @@ class Executor:
         resp: Response | None = None
         x.begin_attempt(time.perf_counter())
         balancer.dispatched(ep, info)
+        if info is not None and info.pending is not None:
+            x.on_first_token = info.prefilled
         t = x.timeouts
         loop = asyncio.get_running_loop()
         start = loop.time()

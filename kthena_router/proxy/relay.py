@@ -84,7 +84,7 @@ class Exchange:
     __slots__ = ("down", "metrics", "t0", "path", "path_label", "request_id", "model_label", "route_label",
                  "server_label", "endpoint_label", "status", "error_type", "committed", "stream", "inject",
                  "timeouts", "deadline", "first_token_at", "max_buffered", "att_t0", "att_ttft", "att_tpot",
-                 "att_prompt_tokens", "stream_end", "attempts", "ttft", "completion_tokens", "response_id", "rl",
+                 "att_prompt_tokens", "on_first_token", "stream_end", "attempts", "ttft", "completion_tokens", "response_id", "rl",
                  "input_endpoint")
 
     def __init__(self, metrics: RouterMetrics, t0: float, path: str, path_label: str) -> None:
@@ -112,6 +112,8 @@ class Exchange:
         self.att_ttft: float | None = None
         self.att_tpot: float | None = None
         self.att_prompt_tokens: int | None = None  # the engine's usage.prompt_tokens
+        # called once at the attempt's first streamed event (prefill-cost's pending work)
+        self.on_first_token: Callable[[], None] | None = None
         self.stream_end = StreamEnd.DONE  # how this API's streams end (paths.py)
         self.attempts = 0
         self.ttft: float | None = None  # request start to the first body byte sent to the client
@@ -144,6 +146,7 @@ class Exchange:
     def begin_attempt(self, t: float) -> None:
         self.att_t0 = t
         self.att_ttft = self.att_tpot = self.att_prompt_tokens = None
+        self.on_first_token = None
         self.attempts += 1
 
 

@@ -62,6 +62,9 @@ class SseStreamRelay:
         await down.begin(200, x.start_headers(resp))
         t_first = time.perf_counter()
         x.att_ttft = t_first - x.att_t0
+        if (first_token := x.on_first_token) is not None:
+            x.on_first_token = None
+            first_token()
         x.ttft = t_first - x.t0
         # When the engine's body has ended with its terminator in the bytes at hand, the data goes
         # out as the final body message (one send less per request).

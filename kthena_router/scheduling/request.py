@@ -17,7 +17,7 @@ PROMPT_PATHS = frozenset((CHAT_PATH, "/v1/completions"))
 
 class RequestInfo:
     __slots__ = ("request_id", "path", "obj", "model", "lora", "model_label", "hashes", "hash_tag", "prompt_bytes",
-                 "tokens", "tokens_ready", "key_tag", "prefix_key", "matched", "_rendered")
+                 "tokens", "tokens_ready", "key_tag", "prefix_key", "matched", "pending", "_rendered")
 
     def __init__(self, request_id: str, path: str, obj: Any, model: str, lora: str, model_label: str) -> None:
         self.request_id = request_id
@@ -39,7 +39,19 @@ class RequestInfo:
         # prefill-cost: (scheduler, {endpoint id: matched blocks}, total blocks) of the last
         # decision, so that the dispatch can tell the chosen engine's uncached blocks
         self.matched: tuple[Any, dict[int, int], int] | None = None
+        # prefill-cost: (scheduler, its scorers, endpoint id, uncached blocks) of the attempt's
+        # prefill work, counted as pending there until `prefilled`
+        self.pending: tuple[Any, Any, int, float] | None = None
         self._rendered: Any = _UNSET  # prompt(), rendered once (prefix-cache and the key share it)
+
+    def prefilled(self) -> None:
+        """The attempt's first token arrived (or it ended): its prefill work is done."""
+        p = self.pending
+        if p is not None:
+            self.pending = None
+            _, scorers, ep_id, blocks = p
+            for scorer in scorers:
+                scorer.add_pending(ep_id, -blocks)
 
     def prompt_chars(self) -> int:
         """A cheap size estimate of the prompt text (decides whether tokenizing may block)."""

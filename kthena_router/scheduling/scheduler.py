@@ -112,7 +112,7 @@ class Scheduler:
         ka = cfg.args.get("prefix-hash-bounded")
         self.key_args = ka if isinstance(ka, PrefixHashBoundedArgs) else PrefixHashBoundedArgs()
         self.use_key = any(cfg.enabled(n) for n in KEY_PLUGINS)
-        # prefill-cost learns each engine's cost of a queued request from the dispatches
+        # prefill-cost: each dispatch's uncached blocks are pending there until its first token
         self.learn_cost = cfg.enabled("prefill-cost")
         self.kv_matcher: KvAwareMatcher | None = None
         self._kv_dispatched: Callable[[int, BlockHashes], None] | None = None
@@ -374,8 +374,10 @@ class Scheduler:
             self.flight_listener(ep.key, 1)
         if self.learn_cost and info is not None and info.matched is not None and info.matched[0] is self:
             _, matched, total = info.matched
+            blocks = float(total - matched.get(ep_id, 0))
             for scorer in scorers:
-                scorer.observe_dispatch(ep_id, float(total - matched.get(ep_id, 0)))
+                scorer.add_pending(ep_id, blocks)
+            info.pending = (self, scorers, ep_id, blocks)
         if info is not None and info.hashes is not None and len(info.hashes):
             self.index.insert(ep_id, info.hashes)
             if self._kv_dispatched is not None:  # the matcher's in-flight overlay (kv_matcher.RECENT_S)
@@ -387,9 +389,9 @@ class Scheduler:
     # --- the Rust front's decisions (front/table.py) ----------------------------------------
     def front_eligible(self) -> bool:
         """Whether the front may decide with this pipeline alone: the prefix match, the Scorer
-        and the attempts. Not with a consistent-hash key, prefill-cost's dispatch feedback or
-        kvcache-aware's exact matching (their per-request work is Python's)."""
-        return not (self.use_key or self.learn_cost or self.kv_aware)
+        and the attempts (prefill-cost's pending work included). Not with a consistent-hash key
+        or kvcache-aware's exact matching (their per-request work is Python's)."""
+        return not (self.use_key or self.kv_aware)
 
     def front_view(self, key: ServerKey, eps: Sequence[EndpointState]) -> tuple[Scorer, list[int]] | None:
         """The Scorer of server `key` and its endpoint ids in `eps` order, for the front; None
@@ -404,26 +406,30 @@ class Scheduler:
             return None
         return view.scorer, [self._ids[ep.key] for ep in eps]
 
-    def front_prefix(self) -> tuple[PrefixIndex, int, int, bool] | None:
-        """The index and the arguments the front matches with, if a prefix plugin scores."""
+    def front_prefix(self) -> tuple[PrefixIndex, int, int, bool, bool] | None:
+        """The index and the arguments the front matches with, if a prefix plugin scores, and
+        whether it counts prefill-cost's pending work."""
         if not self.use_prefix:
             return None
         pa = self.prefix_args
-        return self.index, pa.block_size_to_hash, pa.max_blocks_to_match, self.balance_misses
+        return self.index, pa.block_size_to_hash, pa.max_blocks_to_match, self.balance_misses, self.learn_cost
 
     def front_seed(self, model: str) -> int:
         """The prefix chain's seed for a base model's requests."""
         return self._seed(model, "")
 
     def front_dispatched(self, key: ServerKey, ep: EndpointState, info: RequestInfo, match_s: float,
-                         schedule_s: float, best: float) -> None:
+                         schedule_s: float, best: float, pending: float = -1.0) -> None:
         """The front decided `info` for `ep` of server `key`: it counted the attempt in flight on
-        that server's Scorer and inserted the prompt's blocks; the rest of `dispatched` (other
-        servers' Scorers, the relays) and `candidates`' metrics are done here."""
+        that server's Scorer, added `pending` blocks to its pending work (prefill-cost; < 0:
+        none) and inserted the prompt's blocks; the rest of `dispatched` (other servers'
+        Scorers, the relays) and `candidates`' metrics are done here."""
         ep_id = self._ids.get(ep.key)
         view = self._views.get(key)
         if ep_id is not None:
             own = view.scorer if view is not None else None
+            if own is not None and pending >= 0:
+                info.pending = (self, (own,), ep_id, pending)
             for scorer in self._scorers_of.get(ep.key, ()):
                 if scorer is not own:
                     scorer.add_in_flight(ep_id, 1)
@@ -454,6 +460,8 @@ class Scheduler:
         if ep_id is None:
             return
         lid = self._lora_id(info.lora) if info is not None and info.lora else None
+        if info is not None and info.pending is not None and info.pending[0] is self:
+            info.prefilled()  # no first token seen (not streamed, or failed): released now
         for scorer in self._scorers_of.get(ep.key, ()):
             scorer.add_in_flight(ep_id, -1)
             if lid is not None:

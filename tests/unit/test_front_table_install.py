@@ -169,9 +169,9 @@ def test_a_prefix_cache_scheduler_is_installed_with_its_scorers_and_index(tmp_pa
     models = {m[0]: m for m in install[2]}
     assert set(models) == {"plain-m", "split-m", "base-m"}  # not the adapter: its id and seed are Python's
     assert models["split-m"][4] == [sched.front_seed("upstream-m")] * 2
-    index, block, blocks, misses = install[4]
+    index, block, blocks, misses, pending = install[4]
     assert index is sched.index and block == sched.prefix_args.block_size_to_hash and blocks > 0
-    assert misses is sched.balance_misses
+    assert misses is sched.balance_misses and pending is False
     for s in install[3]:
         scorer, ids = s[7]
         assert isinstance(scorer, Scorer) and len(ids) == len(s[0])
@@ -183,9 +183,17 @@ def test_a_prefix_cache_scheduler_is_installed_with_its_scorers_and_index(tmp_pa
     assert [c for c in core.calls if c[0] == "install"][-1][4][0] is balancer.inner.index
 
 
+def test_prefill_cost_is_installed_with_its_pending_work(tmp_path: Path) -> None:
+    core = Core()
+    table, _ = _table(_state(tmp_path), core, balancer=_scheduler(
+        "    Score: {enabled: [{name: prefix-cache, weight: 1}, {name: prefill-cost, weight: 1}]}\n"))
+    table.sync(0)
+    install = next(c for c in core.calls if c[0] == "install")
+    assert install[4][4] is True  # the front adds and reports the pending prefill work
+
+
 def test_pipelines_with_python_work_per_request_are_not_installed(tmp_path: Path) -> None:
-    for plugins in ("    Score: {enabled: [{name: prefix-hash-bounded, weight: 1}]}\n",
-                    "    Score: {enabled: [{name: prefix-cache, weight: 1}, {name: prefill-cost, weight: 1}]}\n"):
+    for plugins in ("    Score: {enabled: [{name: prefix-hash-bounded, weight: 1}]}\n",):
         core = Core()
         table, _ = _table(_state(tmp_path), core, balancer=_scheduler(plugins))
         table.sync(0)

@@ -1,10 +1,8 @@
-"""prefill-cost (cost-based placement, issue 15 step 11): the scheduler feeds each dispatch's
-uncached blocks to the Rust scorer as the engine's pending prefill work (decayed with its
-TTFT), and the score trades that work against this request's own uncached blocks."""
+"""prefill-cost (cost-based placement, issue 15): the scheduler counts each dispatch's
+uncached blocks as the engine's pending prefill work until the attempt's first token (or
+its end), and the score trades that work against this request's own uncached blocks."""
 
 from __future__ import annotations
-
-import time
 
 import pytest
 from test_scheduling_scheduler import KEY, cfg, chat, endpoints, sched, snap
@@ -19,7 +17,7 @@ def _pending(s, ep) -> float:  # type: ignore[no-untyped-def]
     return float(sig["pending_blocks"])
 
 
-def test_dispatch_adds_pending_work_that_decays_with_the_ttft() -> None:
+def test_pending_work_lasts_until_the_first_token_or_the_end() -> None:
     s, _ = sched(cfg("prefill-cost"))
     eps = endpoints(2)
     s.sync({KEY: eps})
@@ -30,20 +28,31 @@ def test_dispatch_adds_pending_work_that_decays_with_the_ttft() -> None:
     s.dispatched(first, info)
     other = next(ep for ep in eps if ep is not first)
     total = len(info.hashes)
-    assert _pending(s, first) == total  # a cold miss, no TTFT sample yet: kept whole
+    assert _pending(s, first) == total  # a cold miss: its whole prompt
     assert _pending(s, other) == 0
-    # while that prefill is pending, a second cold request of the same size is no cheaper
-    # there than elsewhere; once the engine's TTFT is known the work decays
-    s.finished(first, 0.001)
-    time.sleep(0.05)  # 50 time constants
-    assert _pending(s, first) < 0.01 * total
-    for i in range(5):  # cache hits on the holder add only their few new blocks
-        info = chat(f"r2-{i}", "another question")
-        chosen = s.candidates(KEY, eps, info)[0]
+    # while it is pending, a second cold request goes elsewhere
+    assert s.candidates(KEY, eps, _cold("r2"))[0] is other
+    info.prefilled()  # its first token: the work is done, though it still decodes
+    assert _pending(s, first) == 0
+    s.finished(first, 0.01, None, info)  # released once only
+    assert _pending(s, first) == 0
+    hits = []
+    for i in range(5):  # cache hits on the holder count only their few new blocks
+        hit = chat(f"r3-{i}", "another question")
+        chosen = s.candidates(KEY, eps, hit)[0]
         assert chosen is first
-        s.dispatched(chosen, info)
-        s.finished(chosen, 0.001)
-    assert _pending(s, first) < 0.2 * total
+        s.dispatched(chosen, hit)
+        hits.append(hit)
+    assert 0 < _pending(s, first) < 0.5 * total
+    for hit in hits:  # not streamed: released at the end
+        s.finished(first, None, None, hit)
+    assert _pending(s, first) == 0
+
+
+def _cold(rid: str) -> RequestInfo:
+    text = " ".join(f"{rid}-word{j}" for j in range(600))
+    return RequestInfo(rid, "/v1/chat/completions",
+                       {"model": "demo", "messages": [{"role": "user", "content": text}]}, "demo", "", "demo")
 
 
 MIX = cfg("prefix-cache", "least-request").replace(
@@ -61,19 +70,14 @@ def test_pending_cold_work_on_the_holder_spills_a_hit_elsewhere() -> None:
     holder = s.candidates(KEY, eps, info)[0]
     s.dispatched(holder, info)
     other = next(ep for ep in eps if ep is not holder)
-    # engine TTFTs known (long: no decay within the test); the holder's pending work is
-    # one prompt, so a hit there costs about what a miss elsewhere does: affinity decides
-    s.finished(holder, 1000.0)
-    s.finished(other, 1000.0)
+    # the warm-up is done: nothing pending, a hit costs its few new blocks on the holder
+    s.finished(holder, 0.1, None, info)
     hit = chat("hit", "a follow-up")
     assert s.candidates(KEY, eps, hit)[0] is holder
     s.dispatched(holder, hit)
     # two long cold prompts dispatched to the holder are being prefilled there
     for i in range(2):
-        text = " ".join(f"word{i}-{j}" for j in range(600))
-        cold = RequestInfo(f"cold-{i}", "/v1/chat/completions",
-                           {"model": "demo", "messages": [{"role": "user", "content": text}]},
-                           "demo", "", "demo")
+        cold = _cold(f"cold-{i}")
         s.candidates(KEY, eps, cold)
         s.dispatched(holder, cold)
     s.on_snapshot(snap(other, running=3))  # equal load (3 in flight on the holder)

@@ -23,15 +23,6 @@ pub fn request_hash(request_id: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(request_id)
 }
 
-/// Seconds on a monotonic clock shared by the process (prefill-cost's pending work).
-pub fn now_s() -> f64 {
-    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    EPOCH
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_secs_f64()
-}
-
 /// What the router knows about one endpoint.
 #[derive(Clone, Debug)]
 pub struct Signals {
@@ -53,11 +44,10 @@ pub struct Signals {
     /// Mean TTFT and time per output token, seconds; NaN = no sample yet.
     pub ttft_s: f64,
     pub tpot_s: f64,
-    /// Prefill work dispatched here and presumably not done yet (prefill-cost): uncached
-    /// prompt blocks, decayed with the engine's mean TTFT as time constant, as of
-    /// `pending_at` ([`now_s`]); see [`Signals::pending_blocks_at`].
+    /// Prefill work in progress here as the router sees it (prefill-cost): the uncached
+    /// prompt blocks of the requests dispatched here whose first token has not arrived
+    /// ([`Scorer::add_pending`]).
     pub pending_blocks: f64,
-    pub pending_at: f64,
     pub stale: bool,
     /// Loaded LoRA adapter ids (the caller's interning of adapter names) and capacity.
     pub loras: Vec<u32>,
@@ -81,7 +71,6 @@ impl Signals {
             ttft_s: f64::NAN,
             tpot_s: f64::NAN,
             pending_blocks: 0.0,
-            pending_at: 0.0,
             stale: true,
             loras: Vec::new(),
             max_loras: 0,
@@ -95,19 +84,6 @@ impl Signals {
             .iter()
             .find(|(l, _)| *l == lora)
             .map_or(0, |&(_, n)| n)
-    }
-
-    /// `pending_blocks` decayed to `now`: work dispatched one mean TTFT ago is mostly
-    /// prefilled (exponential decay, time constant `ttft_s`), so in steady state the sum
-    /// is the rate of dispatched work times the TTFT (Little's law). Without a TTFT sample
-    /// yet the work is kept undecayed.
-    pub fn pending_blocks_at(&self, now: f64) -> f64 {
-        let dt = now - self.pending_at;
-        let decays = self.ttft_s > 0.0 && dt > 0.0; // false for NaN
-        if self.pending_blocks <= 0.0 || !decays {
-            return self.pending_blocks.max(0.0);
-        }
-        self.pending_blocks * (-dt / self.ttft_s).exp()
     }
 
     /// Estimated requests on the engine: running + waiting at the scrape, plus what this
@@ -405,20 +381,13 @@ impl Scorer {
         }
     }
 
-    /// A request with `uncached_blocks` of its prompt not held by the endpoint (by the
-    /// router's match) was dispatched there now: added to its pending prefill work.
-    pub fn observe_dispatch(&mut self, id: u32, uncached_blocks: f64) {
-        self.observe_dispatch_at(id, uncached_blocks, now_s());
-    }
-
-    /// [`Self::observe_dispatch`] at time `now` ([`now_s`]'s clock).
-    pub fn observe_dispatch_at(&mut self, id: u32, uncached_blocks: f64, now: f64) {
-        if !(uncached_blocks.is_finite() && uncached_blocks >= 0.0) {
-            return;
+    /// Prefill work dispatched to the endpoint (+ its uncached blocks) or done there (-
+    /// the same blocks, at the request's first token or its end); floored at 0, NaN ignored.
+    pub fn add_pending(&mut self, id: u32, blocks: f64) {
+        if blocks.is_finite() {
+            let e = self.sig_mut(id);
+            e.pending_blocks = (e.pending_blocks + blocks).max(0.0);
         }
-        let e = self.sig_mut(id);
-        e.pending_blocks = e.pending_blocks_at(now) + uncached_blocks;
-        e.pending_at = now;
     }
 
     pub fn set_loras(&mut self, id: u32, loras: &[u32], max_loras: u32) {
@@ -475,7 +444,6 @@ impl Scorer {
             load: &self.load,
             prefix: &self.prefix,
             total_blocks: f64::from(total_blocks),
-            now: now_s(),
             request_hash,
             prefix_key: prefix_key.unwrap_or(request_hash),
             lora,

@@ -156,10 +156,9 @@ impl Scorer {
         self.lock().observe_latency(endpoint, ttft_s, tpot_s);
     }
 
-    /// A request with `uncached_blocks` of its prompt not matched on the endpoint was
-    /// dispatched there now (prefill-cost's pending prefill work).
-    fn observe_dispatch(&mut self, endpoint: u32, uncached_blocks: f64) {
-        self.lock().observe_dispatch(endpoint, uncached_blocks);
+    /// Prefill work dispatched to the endpoint (+ uncached blocks) or done there (-).
+    fn add_pending(&mut self, endpoint: u32, blocks: f64) {
+        self.lock().add_pending(endpoint, blocks);
     }
 
     fn set_loras(&mut self, endpoint: u32, lora_ids: Vec<u32>, max_loras: u32) {
@@ -180,10 +179,7 @@ impl Scorer {
         d.set_item("kv_usage", s.kv_usage)?;
         d.set_item("ttft_s", s.ttft_s)?;
         d.set_item("tpot_s", s.tpot_s)?;
-        d.set_item(
-            "pending_blocks",
-            s.pending_blocks_at(kthena_core::scorer::now_s()),
-        )?;
+        d.set_item("pending_blocks", s.pending_blocks)?;
         d.set_item("stale", s.stale)?;
         d.set_item("loras", s.loras.clone())?;
         d.set_item("max_loras", s.max_loras)?;

@@ -35,8 +35,6 @@ pub struct Ctx<'a> {
     pub prefix: &'a [f64],
     /// The request's prompt length in prefix blocks (0 when not hashed).
     pub total_blocks: f64,
-    /// [`crate::scorer::now_s`] at the call.
-    pub now: f64,
     pub request_hash: u64,
     /// Consistent-hash key: the caller's hash of the request's leading prompt blocks, else
     /// `request_hash` ([`PolicyInfo::prefix_key`] policies).
@@ -277,7 +275,6 @@ pub(crate) mod testing {
             load: &load,
             prefix: &prefix,
             total_blocks,
-            now: 0.0,
             request_hash: 77,
             prefix_key: 77,
             lora,
@@ -298,7 +295,6 @@ pub(crate) mod testing {
             load: &load,
             prefix: &prefix,
             total_blocks: 0.0,
-            now: 0.0,
             request_hash: 77,
             prefix_key: 77,
             lora,

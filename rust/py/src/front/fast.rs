@@ -54,6 +54,9 @@ pub struct Plan {
     pub retry_interval: Duration,
     pub max_buffered: usize,
     pub request_id: HeaderValue,
+    /// Report the stream's first event to Python ([`Event::FirstToken`]): prefill-cost's
+    /// pending work ends there. Off otherwise (one event less per request).
+    pub first_token_event: bool,
 }
 
 /// What Python learns when the request ends; sent on drop, so a request the client
@@ -423,6 +426,9 @@ fn start_stream(shared: Arc<Shared>, s: StreamStart, mut out: Outcome, plan: &Pl
     out.error = E_NONE;
     out.ttft = out.t0.elapsed().as_secs_f64();
     out.att_ttft = out.att_t0.elapsed().as_secs_f64();
+    if plan.first_token_event {
+        shared.push(Event::FirstToken { id: out.id });
+    }
     let StreamStart { headers, body, conn, addr, obs, first } = s;
     let sse = SseBody::new(shared, body, obs, first, out, conn, addr, plan.idle, plan.total, deadline);
     let mut r = Response::new(RespBody::Sse(Box::new(sse)));

@@ -60,6 +60,8 @@ pub enum Event {
     /// A running stream's events since its last progress report (the attempt's endpoint
     /// index): output counted while it runs, as proxy/relay_sse.py does.
     Progress { id: u64, endpoint: u32, events: u64 },
+    /// A stream's first event reached the front (plans with `first_token_event`).
+    FirstToken { id: u64 },
     Done {
         id: u64,
         status: u16,
@@ -260,9 +262,11 @@ impl Front {
     /// `(1, id, status, error, attempts, duration, ttft, att_ttft, tpot, prompt, completion, events)`
     /// for a finished fast-path request, `(2, id, attempts)` when a stream's first event is in hand,
     /// `(3, id, endpoint, events)` every `stream::COUNT_INTERVAL` of a running stream,
+    /// `(5, id)` at a stream's first event when its plan asked (`fast`'s `first_token_event`),
     /// `(4, id, version, model, target, order, stream, chat, request_id, age, sched)` for a request
     /// the front decided itself (`install`), `age` seconds ago; `sched`: None (rotation) or the
-    /// scheduler's `(hashes or None, prompt bytes, match s, schedule s, best match share or -1)`.
+    /// scheduler's `(hashes or None, prompt bytes, match s, schedule s, best match share or -1,
+    /// blocks added to the chosen endpoint's pending prefill work or -1)`.
     fn drain<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.shared.notified.store(false, Ordering::Release);
         let events = std::mem::take(&mut *self.shared.events.lock().unwrap_or_else(|e| e.into_inner()));
@@ -291,6 +295,7 @@ impl Front {
                             s.match_s.into_pyobject(py)?.into_any(),
                             s.schedule_s.into_pyobject(py)?.into_any(),
                             s.best.into_pyobject(py)?.into_any(),
+                            s.pending.into_pyobject(py)?.into_any(),
                         ])?.into_any(),
                     },
                 ])?,
@@ -306,6 +311,10 @@ impl Front {
                     2u8.into_pyobject(py)?.into_any(),
                     id.into_pyobject(py)?.into_any(),
                     attempts.into_pyobject(py)?.into_any(),
+                ])?,
+                Event::FirstToken { id } => PyTuple::new(py, [
+                    5u8.into_pyobject(py)?.into_any(),
+                    id.into_pyobject(py)?.into_any(),
                 ])?,
                 Event::Progress { id, endpoint, events } => PyTuple::new(py, [
                     3u8.into_pyobject(py)?.into_any(),
@@ -337,13 +346,14 @@ impl Front {
 
     /// Fast path for request `id`: attempts go to `addrs[i]` ("ip:port") with Host `hosts[i]`,
     /// in order, while no byte reached the client. `timeouts`: (connect, response, firstToken,
-    /// idle, total, poolWait, retryInterval) in seconds, negative = none. False when the
+    /// idle, total, poolWait, retryInterval) in seconds, negative = none;
+    /// `first_token_event`: report a stream's first event (`drain`'s kind 5). False when the
     /// client has gone meanwhile (the caller undoes its accounting).
-    #[pyo3(signature = (id, addrs, hosts, target, headers, body, stream, hide_usage, timeouts, max_buffered, request_id))]
+    #[pyo3(signature = (id, addrs, hosts, target, headers, body, stream, hide_usage, timeouts, max_buffered, request_id, first_token_event=false))]
     #[allow(clippy::too_many_arguments)]
     fn fast(&self, id: u64, addrs: Vec<String>, hosts: Vec<String>, target: &str, headers: &[u8], body: &[u8],
             stream: bool, hide_usage: bool, timeouts: (f64, f64, f64, f64, f64, f64, f64), max_buffered: usize,
-            request_id: &str) -> PyResult<bool> {
+            request_id: &str, first_token_event: bool) -> PyResult<bool> {
         if addrs.is_empty() || addrs.len() != hosts.len() {
             return Err(PyValueError::new_err("addrs and hosts: one each per attempt"));
         }
@@ -368,6 +378,7 @@ impl Front {
             retry_interval: opt(timeouts.6).unwrap_or(Duration::ZERO),
             max_buffered,
             request_id: HeaderValue::from_str(request_id).map_err(|e| PyValueError::new_err(e.to_string()))?,
+            first_token_event,
         };
         Ok(self.shared.answer(id, Decision::Fast(Box::new(plan))))
     }
@@ -378,14 +389,16 @@ impl Front {
     /// (addrs, hosts, retry attempts (negative: the default), default retry endpoints, extra
     /// header lines, timeouts as in `fast`, max buffered bytes, None (round-robin) or the
     /// scheduler's (Scorer, endpoint id per endpoint)); `prefix`: the scheduler's prefix index
-    /// and (block size, max blocks, balance misses), if a prefix plugin scores. Servers start
+    /// and (block size, max blocks, balance misses, pending cost), if a prefix plugin scores;
+    /// pending cost (prefill-cost): the chosen endpoint's uncached blocks are added to its
+    /// pending work, and a stream reports its first event (`drain`'s kind 5). Servers start
     /// not calm (`calm`).
     #[allow(clippy::type_complexity)]
     #[pyo3(signature = (version, models, servers, prefix=None))]
     fn install(&self, version: u64, models: Vec<(String, Vec<(u64, u32)>, u64, Option<Vec<u8>>, Vec<u64>)>,
                servers: Vec<(Vec<String>, Vec<String>, i64, usize, Vec<u8>, (f64, f64, f64, f64, f64, f64, f64), usize,
                              Option<(Bound<'_, Scorer>, Vec<u32>)>)>,
-               prefix: Option<(Bound<'_, PrefixIndex>, usize, usize, bool)>) -> PyResult<()> {
+               prefix: Option<(Bound<'_, PrefixIndex>, usize, usize, bool, bool)>) -> PyResult<()> {
         let mut built = Vec::with_capacity(servers.len());
         for (addrs, hosts, retries, default_retry, extra, t, max_buffered, sched) in servers {
             if addrs.len() != hosts.len() {
@@ -419,10 +432,10 @@ impl Front {
         }
         let prefix = match prefix {
             None => None,
-            Some((_, 0, _, _)) => return Err(PyValueError::new_err("block_size must be positive")),
-            Some((index, block_size, max_blocks, balance_misses)) => {
-                Some(table::Prefix { index: index.borrow().shared(), block_size, max_blocks, balance_misses })
-            }
+            Some((_, 0, _, _, _)) => return Err(PyValueError::new_err("block_size must be positive")),
+            Some((index, block_size, max_blocks, balance_misses, pending_cost)) => Some(table::Prefix {
+                index: index.borrow().shared(), block_size, max_blocks, balance_misses, pending_cost,
+            }),
         };
         let t = table::Table { version, models: by_name, servers: built, prefix };
         *self.shared.table.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(t));

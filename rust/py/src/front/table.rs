@@ -51,6 +51,9 @@ pub struct Prefix {
     pub block_size: usize,
     pub max_blocks: usize,
     pub balance_misses: bool,
+    /// prefill-cost: the chosen endpoint's uncached blocks are pending there until the
+    /// stream's first event (Python releases them: decide.py `first_token`).
+    pub pending_cost: bool,
 }
 
 pub struct Server {
@@ -185,6 +188,9 @@ pub struct Scheduled {
     pub schedule_s: f64,
     /// The best match's share of the prompt's blocks; negative: no blocks (no ratio).
     pub best: f64,
+    /// prefill-cost: the uncached blocks added to the chosen endpoint's pending work;
+    /// negative: none added.
+    pub pending: f64,
 }
 
 #[derive(Deserialize)]
@@ -423,6 +429,7 @@ pub fn decide(table: &Table, ids: &Ids, path: &str, query: Option<&str>, headers
         body: payload,
         stream,
         hide_usage: inject,
+        first_token_event: stream && sched.as_ref().is_some_and(|s| s.pending >= 0.0),
         connect: t.0,
         response: t.1,
         first_token: t.2,
@@ -448,6 +455,7 @@ fn schedule(table: &Table, sc: &Sched, server: &Server, facts: &Facts, chat: boo
     let mut total = 0u32;
     let mut best = -1.0;
     let mut prompt_bytes = 0;
+    let mut held: Vec<(u32, u32)> = Vec::new(); // the real matches, for prefill-cost
     if let Some(p) = &table.prefix {
         let prompt = if chat { render_chat(facts.prompt, facts.tools)? } else { render_completion(facts.prompt)? };
         prompt_bytes = prompt.len();
@@ -461,7 +469,12 @@ fn schedule(table: &Table, sc: &Sched, server: &Server, facts: &Facts, chat: boo
             best = f64::from(top) / f64::from(total);
         }
         if p.balance_misses && total > 0 && best < MISS_FRACTION {
-            matches = room(&index, &sc.ids, total);
+            let real = std::mem::replace(&mut matches, room(&index, &sc.ids, total));
+            if p.pending_cost {
+                held = real;
+            }
+        } else if p.pending_cost {
+            held.clone_from(&matches);
         }
         drop(index);
         hashes = Some(hs);
@@ -480,6 +493,12 @@ fn schedule(table: &Table, sc: &Sched, server: &Server, facts: &Facts, chat: boo
     let order = server.attempts(ranked);
     let first = sc.ids[*order.first()? as usize];
     scorer.add_in_flight(first, 1);
+    let mut pending = -1.0;
+    if table.prefix.as_ref().is_some_and(|p| p.pending_cost) {
+        let own = held.iter().find(|m| m.0 == first).map_or(0, |m| m.1);
+        pending = f64::from(total.saturating_sub(own));
+        scorer.add_pending(first, pending);
+    }
     drop(scorer);
     if let (Some(p), Some(hs)) = (&table.prefix, &hashes) {
         if !hs.is_empty() {
@@ -487,7 +506,7 @@ fn schedule(table: &Table, sc: &Sched, server: &Server, facts: &Facts, chat: boo
         }
     }
     let done = Scheduled {
-        hashes, prompt_bytes, match_s: (t1 - t0).as_secs_f64(), schedule_s: (t2 - t1).as_secs_f64(), best,
+        hashes, prompt_bytes, match_s: (t1 - t0).as_secs_f64(), schedule_s: (t2 - t1).as_secs_f64(), best, pending,
     };
     Some((order, done))
 }
