@@ -84,8 +84,8 @@ class Exchange:
     __slots__ = ("down", "metrics", "t0", "path", "path_label", "request_id", "model_label", "route_label",
                  "server_label", "endpoint_label", "status", "error_type", "committed", "stream", "inject",
                  "timeouts", "deadline", "first_token_at", "max_buffered", "att_t0", "att_ttft", "att_tpot",
-                 "att_prompt_tokens", "on_first_token", "stream_end", "attempts", "ttft", "completion_tokens", "response_id", "rl",
-                 "input_endpoint")
+                 "att_prompt_tokens", "on_first_token", "stream_end", "attempts", "ttft", "completion_tokens",
+                 "response_id", "rl", "input_endpoint")
 
     def __init__(self, metrics: RouterMetrics, t0: float, path: str, path_label: str) -> None:
         self.down: Downstream = _NO_DOWNSTREAM  # the client side (downstream.py)

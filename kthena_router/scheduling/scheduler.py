@@ -423,16 +423,20 @@ class Scheduler:
         """The front decided `info` for `ep` of server `key`: it counted the attempt in flight on
         that server's Scorer, added `pending` blocks to its pending work (prefill-cost; < 0:
         none) and inserted the prompt's blocks; the rest of `dispatched` (other servers'
-        Scorers, the relays) and `candidates`' metrics are done here."""
+        Scorers' flight and pending counts, the relays) and `candidates`' metrics are done here."""
         ep_id = self._ids.get(ep.key)
         view = self._views.get(key)
         if ep_id is not None:
             own = view.scorer if view is not None else None
-            if own is not None and pending >= 0:
-                info.pending = (self, (own,), ep_id, pending)
-            for scorer in self._scorers_of.get(ep.key, ()):
+            scorers = self._scorers_of.get(ep.key, ())
+            counted = own is not None and pending >= 0
+            for scorer in scorers:
                 if scorer is not own:
                     scorer.add_in_flight(ep_id, 1)
+                    if counted:  # as `dispatched`: every Scorer that holds the endpoint
+                        scorer.add_pending(ep_id, pending)
+            if counted:
+                info.pending = (self, tuple(scorers), ep_id, pending)
             if self.flight_listener is not None:
                 self.flight_listener(ep.key, 1)
             hashes = info.hashes

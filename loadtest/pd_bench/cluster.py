@@ -12,7 +12,7 @@ max-num-seqs 256, max-num-batched-tokens 8192, the computed H200 KV capacity):
 - pd-cond-N:  as pd, with the router's pd.minUncachedTokens = N (conditional
               disaggregation: a request whose uncached prompt part on the chosen decode
               engine is below N tokens is served by the decode engine alone).
-Every cell's router uses the same scheduler (prefix-cache + least-request, our default,
+Every cell's router uses the same scheduler (our recommended one,
 configs/scheduling/best.yaml); the PD cells leave the pd section's decode/prefill plugins
 at their defaults.
 """
@@ -93,8 +93,8 @@ def routes_yaml(cell: Cell, ports: list[int]) -> str:
 
 
 def router_config_yaml(cell: Cell, prefill_timeout: str) -> str:
-    """The --router-config file: our default scheduler, plus the pd section for PD cells."""
-    # our default scheduler, as in configs/scheduling/best.yaml (comments left out)
+    """The --router-config file: our recommended scheduler, plus the pd section for PD cells."""
+    # the scheduler of configs/scheduling/best.yaml (comments left out)
     text = "".join(line for line in BEST_CONFIG.read_text().splitlines(keepends=True)
                    if not line.startswith("#"))
     if cell.is_pd:

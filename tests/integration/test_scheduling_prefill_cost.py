@@ -9,6 +9,8 @@ it there goes elsewhere."""
 
 from __future__ import annotations
 
+import json
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,15 @@ SYSTEM = " ".join(f"rule{i % 97} applies to case{i}." for i in range(800))
 
 
 DELAY_S = 8.0
+
+
+def _router(tmp_path: Path, sim: harness.Simulator, interface: str) -> harness.Router:
+    config = harness.write_config(tmp_path / "router.yaml", harness.engine_config(sim.ports))
+    sched = tmp_path / "scheduler.yaml"
+    sched.write_text(CONFIG)
+    # engine TTFTs come only from finished requests (one scrape at start, then rarely)
+    return harness.start_router(config, tmp_path, extra_args=[
+        "--router-config", str(sched), "--scrape-interval-s", "60", "--interface", interface])
 
 
 def _endpoints(router: harness.Router, sim: harness.Simulator) -> list[dict[str, Any]]:
@@ -62,12 +73,7 @@ def test_hits_stay_on_the_holder_and_a_pending_prefill_steers_the_next(tmp_path:
     pool = ThreadPoolExecutor(2)
     streams: list[httpx.Response] = []
     try:
-        config = harness.write_config(tmp_path / "router.yaml", harness.engine_config(sim.ports))
-        sched = tmp_path / "scheduler.yaml"
-        sched.write_text(CONFIG)
-        # engine TTFTs come only from finished requests (one scrape at start, then rarely)
-        router = harness.start_router(config, tmp_path, extra_args=[
-            "--router-config", str(sched), "--scrape-interval-s", "60", "--interface", interface])
+        router = _router(tmp_path, sim, interface)
         base = router.base_url
         # 1. one cold request, then cache hits, one at a time: every one on the holder
         # (a load-blind plugin without the prefix's size would spread them by request id)
@@ -116,4 +122,43 @@ def test_hits_stay_on_the_holder_and_a_pending_prefill_steers_the_next(tmp_path:
             s.close()
         pool.shutdown(wait=True)
         client.close()
+        sim.stop()
+
+
+def _held_request(router: harness.Router, body: dict[str, object]) -> socket.socket:
+    """A streamed request on a raw socket, so that the client can leave before any byte."""
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection((harness.HOST, router.port), timeout=30)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    return sock
+
+
+@pytest.mark.parametrize("interface", ["rust", "rsgi"])
+def test_a_client_gone_before_the_first_token_releases_its_pending_work(tmp_path: Path, interface: str) -> None:
+    # one engine: both held prompts' work is pending there, so the release of the one whose
+    # client left is told apart from the reset when nothing of ours is in flight
+    sim = harness.start_simulator(tmp_path, 1, extra_args=["--time-scale", "1"])
+    socks: list[socket.socket] = []
+    try:
+        router = _router(tmp_path, sim, interface)
+        sim.set_faults(0, first_byte_delay_s=600)  # no first token while the test runs
+        pending: list[float] = []
+        for n in (1500, 600):
+            doc = " ".join(f"doc{n}-w{j}" for j in range(n))
+            socks.append(_held_request(router, _body(doc, "summarise", 20, stream=True)))
+            harness.wait_until(lambda: sim.received() == [len(socks)], 30, what="the held prompt received")
+            pending.append(_pending(router, sim)[0])
+        long_blocks, both = pending[0], pending[1]
+        assert 0 < long_blocks < both
+        socks.pop(0).close()  # the long prompt's client leaves before its first token
+        harness.wait_until(lambda: _in_flight(router, sim) == [1], 30, what="the attempt ended")
+        assert _pending(router, sim) == [both - long_blocks]
+        socks.pop().close()
+        harness.wait_until(lambda: _in_flight(router, sim) == [0], 30, what="the attempt ended")
+        assert _pending(router, sim) == [0]
+        router.stop()
+    finally:
+        for s in socks:
+            s.close()
         sim.stop()

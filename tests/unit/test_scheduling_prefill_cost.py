@@ -98,3 +98,30 @@ def test_prefill_cost_has_no_arguments() -> None:
     doc = cfg("prefill-cost") + "  pluginConfig:\n  - name: prefill-cost\n    args: {maxWaitingRequests: 3}\n"
     with pytest.raises(ConfigError):
         load_router_configuration_bytes(doc.encode(), source="t.yaml")
+
+
+def test_a_front_decision_counts_pending_work_on_every_scorer_of_the_endpoint() -> None:
+    # two ModelServers over the same engines; the front added the work to the deciding
+    # server's Scorer itself, front_dispatched adds it to the other's, as `dispatched` does
+    other_key = ("default", "other")
+    s, _ = sched(cfg("prefill-cost"))
+    eps = endpoints(2)
+    s.sync({KEY: eps, other_key: eps})
+    for ep in eps:
+        s.on_snapshot(snap(ep))
+    info = chat("front", "q")
+    s.front_dispatched(KEY, eps[0], info, 0.0, 0.0, -1.0, pending=40.0)
+    assert _pending_of(s, other_key, eps[0]) == 40 and _pending_of(s, other_key, eps[1]) == 0
+    assert _pending(s, eps[0]) == 0  # the deciding Scorer is the front's to count
+    info.prefilled()
+    assert _pending_of(s, other_key, eps[0]) == 0
+    # without prefill-cost's pending (-1): nothing counted, nothing to release
+    info2 = chat("front2", "q")
+    s.front_dispatched(KEY, eps[1], info2, 0.0, 0.0, -1.0)
+    assert info2.pending is None and _pending_of(s, other_key, eps[1]) == 0
+
+
+def _pending_of(s, key, ep) -> float:  # type: ignore[no-untyped-def]
+    sig = s.signals(key, ep.key)
+    assert sig is not None
+    return float(sig["pending_blocks"])

@@ -21,10 +21,13 @@
 //! modelled). Misses raise the pending work where they go, so they spread (negative
 //! feedback); a hit stays on its holder unless a cold prefill elsewhere is cheaper than
 //! the misses already being prefilled there, which replicates a hot prefix only when its
-//! holder is busy with cold work. Scores are `(max - cost) / max` over the candidates; a
-//! stale endpoint scores 0 (unknown is worst).
+//! holder is busy with cold work. Scores are `(scale - cost) / scale`, where `scale` is
+//! the larger of the candidates' highest cost and this request's whole prompt: a few
+//! blocks of difference then weigh what they are worth against one prompt, instead of
+//! spreading the scores as widely as a long prefill would (which overrode prefix and
+//! adapter affinity on fully cached traffic). A stale endpoint scores 0 (unknown is worst).
 
-use super::{inverse_norm, Ctx, Policy, PolicyInfo};
+use super::{inverse_norm_one, max_known, Ctx, Policy, PolicyInfo};
 
 pub const INFO: PolicyInfo = PolicyInfo {
     affinity: true,
@@ -52,7 +55,10 @@ impl Policy for PrefillCost {
             let own = ctx.total_blocks * (1.0 - ctx.prefix[s as usize].clamp(0.0, 1.0));
             e.pending_blocks + own
         };
-        inverse_norm(cost, cands, out);
+        let scale = max_known(cost, cands).max(ctx.total_blocks);
+        for (o, &s) in out.iter_mut().zip(cands) {
+            *o = inverse_norm_one(cost(s), scale);
+        }
     }
 }
 
@@ -81,6 +87,11 @@ mod tests {
         eps[0].pending_blocks = 0.0;
         eps[0].running = 50.0;
         assert_eq!(run_total(&*p, &eps, &frac, 100.0)[0], known(0.9));
+        // Fully cached everywhere: a few pending blocks weigh against the whole prompt.
+        eps[0].pending_blocks = 2.0;
+        let s = run_total(&*p, &eps, &[1.0, 1.0, 1.0], 100.0);
+        assert_eq!(s, [known(0.98), 1.0, 1.0]);
+        eps[0].pending_blocks = 0.0;
         // Stale is worst.
         eps[1].stale = true;
         let s = run_total(&*p, &eps, &[0.0, 1.0, 0.0], 10.0);

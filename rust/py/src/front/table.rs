@@ -455,7 +455,7 @@ fn schedule(table: &Table, sc: &Sched, server: &Server, facts: &Facts, chat: boo
     let mut total = 0u32;
     let mut best = -1.0;
     let mut prompt_bytes = 0;
-    let mut held: Vec<(u32, u32)> = Vec::new(); // the real matches, for prefill-cost
+    let mut real: Option<Vec<(u32, u32)>> = None; // the matches balanceMisses replaced, for prefill-cost
     if let Some(p) = &table.prefix {
         let prompt = if chat { render_chat(facts.prompt, facts.tools)? } else { render_completion(facts.prompt)? };
         prompt_bytes = prompt.len();
@@ -469,12 +469,10 @@ fn schedule(table: &Table, sc: &Sched, server: &Server, facts: &Facts, chat: boo
             best = f64::from(top) / f64::from(total);
         }
         if p.balance_misses && total > 0 && best < MISS_FRACTION {
-            let real = std::mem::replace(&mut matches, room(&index, &sc.ids, total));
+            let replaced = std::mem::replace(&mut matches, room(&index, &sc.ids, total));
             if p.pending_cost {
-                held = real;
+                real = Some(replaced);
             }
-        } else if p.pending_cost {
-            held.clone_from(&matches);
         }
         drop(index);
         hashes = Some(hs);
@@ -495,7 +493,7 @@ fn schedule(table: &Table, sc: &Sched, server: &Server, facts: &Facts, chat: boo
     scorer.add_in_flight(first, 1);
     let mut pending = -1.0;
     if table.prefix.as_ref().is_some_and(|p| p.pending_cost) {
-        let own = held.iter().find(|m| m.0 == first).map_or(0, |m| m.1);
+        let own = real.as_ref().unwrap_or(&matches).iter().find(|m| m.0 == first).map_or(0, |m| m.1);
         pending = f64::from(total.saturating_sub(own));
         scorer.add_pending(first, pending);
     }
