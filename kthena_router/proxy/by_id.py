@@ -30,4 +30,3 @@ def pinned_endpoint(targets: tuple[EndpointState, ...], at: StoredAt, response_i
             return ep
     raise RequestError(404, f"Response with id '{response_id}' not found: the engine that stored it "
                             "no longer serves this route", type_="invalid_request_error", param=param)
-    return kept

@@ -46,7 +46,7 @@ from kthena_router.proxy.by_id import pinned_endpoint, stored_at
 from kthena_router.proxy.executor import Executor
 from kthena_router.proxy.external import ExternalDispatcher
 from kthena_router.proxy.headers import RequestHeaders, response_headers
-from kthena_router.proxy.paths import RESPONSES_PATH, ApiPath, request_line, resolve
+from kthena_router.proxy.paths import RESPONSES_PATH, ApiPath, label_of, request_line, resolve
 from kthena_router.proxy.downstream import AsgiDownstream, Downstream, RsgiDownstream, Watch
 from kthena_router.proxy.relay import Exchange, Message, Receive, Scope, Send
 from kthena_router.proxy.response_ids import ResponseIds, StoredAt
@@ -121,7 +121,7 @@ class Forwarder:
             if fq is not None:
                 busy -= fq.waiters
             if admission.max_in_flight_per_worker and busy >= admission.max_in_flight_per_worker:
-                await self._shed(path, down, admission, t0)
+                await self._shed(method, path, down, admission, t0)
                 return
         self.in_flight += 1
         self.idle.clear()
@@ -133,8 +133,7 @@ class Forwarder:
             if self.in_flight == 0:
                 self.idle.set()
 
-
-    async def _shed(self, path: str, down: Downstream, admission: Admission, t0: float) -> None:
+    async def _shed(self, method: str, path: str, down: Downstream, admission: Admission, t0: float) -> None:
         """Over the admission limit: 503 + Retry-After before reading the body, so that
         memory does not grow with the queue."""
         retry_after = str(max(1, math.ceil(admission.retry_after_s))).encode()
@@ -143,7 +142,7 @@ class Forwarder:
                                 f"{retry_after.decode()}s", code="overloaded")
         with contextlib.suppress(Exception):
             await down.error(err, [(b"retry-after", retry_after)])
-        self.metrics.observe_request("", _path_label(path), 503, "overloaded", "", "", "",
+        self.metrics.observe_request("", label_of(method, path, _OTHER_LABEL), 503, "overloaded", "", "", "",
                                      time.perf_counter() - t0)
 
 

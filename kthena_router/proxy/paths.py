@@ -74,6 +74,14 @@ def resolve(method: str, path: str) -> ApiPath:
     return api
 
 
+def label_of(method: str, path: str, other: str) -> str:
+    """The "path" metric label of a request not yet resolved (`other` for unknown paths)."""
+    try:
+        return resolve(method, path).label
+    except RequestError:
+        return other
+
+
 def _by_id(method: str, rest: str) -> ApiPath | None:
     cancel = rest.endswith("/cancel")
     rid = rest[:-len("/cancel")] if cancel else rest

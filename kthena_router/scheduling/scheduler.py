@@ -436,7 +436,7 @@ class Scheduler:
                     if counted:  # as `dispatched`: every Scorer that holds the endpoint
                         scorer.add_pending(ep_id, pending)
             if counted:
-                info.pending = (self, tuple(scorers), ep_id, pending)
+                info.pending = (self, scorers, ep_id, pending)
             if self.flight_listener is not None:
                 self.flight_listener(ep.key, 1)
             hashes = info.hashes

@@ -232,6 +232,10 @@ def test_admission_limit(setup: tuple[harness.Router, Path], simulator: harness.
             shed = httpx.post(f"{router.openai_url}/chat/completions", json=_chat(False), timeout=30)
             assert shed.status_code == 503 and shed.headers["retry-after"] == "3"
             assert shed.json()["error"]["code"] == "overloaded"
+            fams = harness.metrics_when(router, lambda f: harness.metric_value(
+                f, "kthena_router_requests_total", path="/v1/chat/completions", error_type="overloaded"))
+            assert harness.metric_value(fams, "kthena_router_requests_total", path="/v1/chat/completions",
+                                        status_code="503", error_type="overloaded") == 1
         finally:
             for h in held:
                 h.__exit__(None, None, None)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import harness
@@ -242,6 +244,36 @@ def test_5xx_and_garbage_are_retried_4xx_passed_through(setup: tuple[harness.Rou
     assert sum(simulator.received()) == 1
     harness.wait_until(lambda: harness.metric_value(_metrics(router), "kthena_router_requests_total",
                                                     error_type="upstream_4xx") >= 1, 10, what="the 4xx counted")
+
+
+def test_bodies_far_over_the_limit_get_their_413_under_load(setup: tuple[harness.Router, Path],
+                                                            simulator: harness.Simulator) -> None:
+    """Twice the default limit, declared or chunked, on the fast paths and on the full app's
+    (embeddings), eight at a time: every one gets its 413, and the upload is read on so that
+    the client, which sends it all before reading, sees it. The front once relayed declared
+    ones to a worker that refused them mid-upload, and answered some with a 503."""
+    router, _ = setup
+    big = b"x" * (64 << 20)
+
+    def chunked() -> Iterator[bytes]:
+        for _ in range(64):
+            yield b"x" * (1 << 20)
+
+    def post(i: int) -> int | str:
+        path = ("/v1/chat/completions", "/v1/embeddings", "/v1/completions")[i % 3]
+        content = chunked() if i % 4 == 3 else big
+        try:
+            return httpx.post(router.base_url + path, content=content,
+                              headers={"content-type": "application/json"}, timeout=60).status_code
+        except httpx.HTTPError as exc:
+            return type(exc).__name__
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(post, range(40)))
+    assert got == [413] * len(got), Counter(got)
+    assert sum(simulator.received()) == 0
+    with httpx.Client(timeout=30) as http:
+        harness.chat_ok(router, http)
 
 
 def test_auto_keeps_granian_on_the_port_when_fair_queuing_would_send_everything_slow(

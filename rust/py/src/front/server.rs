@@ -6,19 +6,20 @@ use std::convert::Infallible;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use http::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use hyper::body::{Body, Incoming};
 use hyper::server::conn::http1 as server_http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use socket2::{Domain, Socket, Type};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
-use tokio::time::Instant;
+use tokio::time::{timeout, Instant};
 
 use super::body::{error_json, ReqBody, RespBody, BAD_BODY};
 use super::{fast, slow, Decision, Event, Shared};
@@ -74,12 +75,18 @@ fn latin1(b: &[u8]) -> String {
 
 /// Bytes past the limit read and dropped before the 413 goes out: closing a connection with
 /// unread input sends a TCP reset, which can destroy the 413 before a client still sending
-/// reads it (proxy/body.py's DRAIN_BYTES, as Go's net/http).
+/// reads it (proxy/body.py's DRAIN_BYTES, as Go's net/http). A body that ends within it
+/// leaves the connection reusable.
 const DRAIN_BYTES: usize = 1 << 20;
+/// A longer body is read and dropped after the 413 (`Connection: close`), as nginx's
+/// lingering close: clients that send the whole body before reading (most SDKs) then get
+/// the 413 rather than a reset. Bounded in time, as nginx's lingering_time/_timeout.
+const LINGER_TOTAL: Duration = Duration::from_secs(30);
+const LINGER_IDLE: Duration = Duration::from_secs(5);
 
 enum BodyError {
-    /// Longer than the limit (read on up to DRAIN_BYTES more).
-    TooLarge,
+    /// Longer than the limit: the body, with the bytes read so far.
+    TooLarge(Incoming, usize),
     /// Broken framing, or the connection closed.
     Broken,
 }
@@ -93,13 +100,7 @@ async fn read_limited(mut body: Incoming, max: usize) -> Result<Bytes, BodyError
         let Ok(data) = frame.map_err(|_| BodyError::Broken)?.into_data() else { continue };
         size += data.len();
         if size > max {
-            while size <= max + DRAIN_BYTES {
-                match body.frame().await {
-                    Some(Ok(f)) => size += f.into_data().map_or(0, |d| d.len()),
-                    _ => break,
-                }
-            }
-            return Err(BodyError::TooLarge);
+            return Err(BodyError::TooLarge(body, size));
         }
         if let Some(f) = first.take() {
             buf.extend_from_slice(&f);
@@ -111,6 +112,44 @@ async fn read_limited(mut body: Incoming, max: usize) -> Result<Bytes, BodyError
         }
     }
     Ok(first.unwrap_or_else(|| buf.freeze()))
+}
+
+/// Reads and drops the rest of `body`, at most `budget` bytes: whether it ended (or broke).
+async fn drain(body: &mut Incoming, mut budget: usize) -> bool {
+    loop {
+        match body.frame().await {
+            Some(Ok(f)) => {
+                let n = f.into_data().map_or(0, |d| d.len());
+                if n > budget {
+                    return false;
+                }
+                budget -= n;
+            }
+            _ => return true,
+        }
+    }
+}
+
+async fn linger(mut body: Incoming) {
+    let _ = timeout(LINGER_TOTAL, async {
+        while let Ok(Some(Ok(_))) = timeout(LINGER_IDLE, body.frame()).await {}
+    })
+    .await;
+}
+
+/// The 413 for a body over the limit (`seen` bytes of it read so far), answered here rather
+/// than by the full app: a worker that refuses a body mid-upload breaks the relay's write,
+/// which would surface as a 503.
+async fn too_large(max: usize, mut body: Incoming, seen: usize, declared: Option<usize>) -> Response<RespBody> {
+    let budget = (max + DRAIN_BYTES).saturating_sub(seen);
+    let ended = declared.map_or(true, |n| n <= max + DRAIN_BYTES) && drain(&mut body, budget).await;
+    let msg = format!("request body exceeds the router's limit ({max} bytes)");
+    let mut r = json(StatusCode::PAYLOAD_TOO_LARGE, error_json(413, &msg, 413.into()));
+    if !ended {
+        r.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+        tokio::spawn(linger(body));
+    }
+    r
 }
 
 /// Removes the waiting entry when the client leaves before Python has answered.
@@ -127,26 +166,28 @@ impl Drop for Waiting<'_> {
 
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<RespBody>, Infallible> {
     let t0 = Instant::now();
-    if req.method() != Method::POST || !FAST_PATHS.contains(&req.uri().path()) {
-        return Ok(slow::forward(&shared, req.map(ReqBody::Stream)).await);
-    }
     let declared = req
         .headers()
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<usize>().ok());
     if declared.is_some_and(|n| n > shared.max_body) {
-        return Ok(slow::forward(&shared, req.map(ReqBody::Stream)).await); // the full pipeline answers 413
+        return Ok(too_large(shared.max_body, req.into_body(), 0, declared).await);
+    }
+    let fast = req.method() == Method::POST && FAST_PATHS.contains(&req.uri().path());
+    // A chunked body is read here, within the limit, even for the full app: see too_large.
+    if !fast && (declared.is_some() || req.body().is_end_stream()) {
+        return Ok(slow::forward(&shared, req.map(ReqBody::Stream)).await);
     }
     let (parts, body) = req.into_parts();
     let raw = match read_limited(body, shared.max_body).await {
         Ok(b) => b,
-        Err(BodyError::TooLarge) => {
-            let msg = format!("request body exceeds the router's limit ({} bytes)", shared.max_body);
-            return Ok(json(StatusCode::PAYLOAD_TOO_LARGE, error_json(413, &msg, 413.into())));
-        }
+        Err(BodyError::TooLarge(body, seen)) => return Ok(too_large(shared.max_body, body, seen, None).await),
         Err(BodyError::Broken) => return Ok(json(StatusCode::BAD_REQUEST, error_json(400, BAD_BODY, 400.into()))),
     };
+    if !fast {
+        return Ok(slow::forward(&shared, Request::from_parts(parts, ReqBody::Full(Some(raw)))).await);
+    }
     let path = parts.uri.path();
     if let Some((version, d)) = shared.decide(path, parts.uri.query(), &parts.headers, &raw) {
         let id = shared.next.fetch_add(1, Ordering::Relaxed);
