@@ -8,6 +8,7 @@ interface-specific behaviours (disconnects, refusals, admission, access log) als
 from __future__ import annotations
 
 import json
+import socket
 import time
 import uuid
 from collections import Counter
@@ -274,6 +275,23 @@ def test_bodies_far_over_the_limit_get_their_413_under_load(setup: tuple[harness
     assert sum(simulator.received()) == 0
     with httpx.Client(timeout=30) as http:
         harness.chat_ok(router, http)
+
+
+def test_a_client_waiting_for_100_continue_gets_the_413_instead(setup: tuple[harness.Router, int]) -> None:
+    """An oversized declared body with `Expect: 100-continue` (curl's default past 1 MB): the
+    413 comes instead of the go-ahead (reading the body first would ask for the upload), and
+    the connection closes without it."""
+    router, _ = setup
+    with socket.create_connection((harness.HOST, router.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"expect: 100-continue\r\ncontent-length: %d\r\n\r\n" % (64 << 20))
+        data = b""
+        while got := sock.recv(65536):
+            data += got
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413"), data[:300]
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == 413
 
 
 def test_auto_keeps_granian_on_the_port_when_fair_queuing_would_send_everything_slow(
