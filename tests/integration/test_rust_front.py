@@ -247,7 +247,7 @@ def test_5xx_and_garbage_are_retried_4xx_passed_through(setup: tuple[harness.Rou
                                                     error_type="upstream_4xx") >= 1, 10, what="the 4xx counted")
 
 
-def test_bodies_far_over_the_limit_get_their_413_under_load(setup: tuple[harness.Router, Path],
+def test_bodies_far_over_the_limit_get_their_413_under_load(setup: tuple[harness.Router, int],
                                                             simulator: harness.Simulator) -> None:
     """Twice the default limit, declared or chunked, on the fast paths and on the full app's
     (embeddings), eight at a time: every one gets its 413, and the upload is read on so that
