@@ -94,9 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest wait of /readyz at start for the engines' first scrape and KV-event "
                         "streams (with --router-config)")
     p.add_argument("--hot-spot-abs", type=float, default=d.hot_spot_abs,
-                   help="hot-spot guard: absolute load excess (requests) before load beats affinity")
+                   help="hot-spot guard: absolute load excess (requests) before a request leaves its best endpoint")
     p.add_argument("--hot-spot-rel", type=float, default=d.hot_spot_rel,
-                   help="hot-spot guard: relative load excess (times) before load beats affinity")
+                   help="hot-spot guard: relative load excess (times) before a request leaves its best endpoint")
     p.add_argument("--access-log", default="", metavar="FILE|-",
                    help="JSON-lines access log (one line per proxied request, no prompt text); "
                         "'-' for stdout; off when empty")

@@ -126,7 +126,7 @@ class RouterMetrics:
             ["endpoint"], multiprocess_mode="livemax", registry=reg)
         self.hot_spot = Counter(
             "kthena_router_hot_spot_reorders_total",
-            "Decisions where the hot-spot guard put load before affinity (--hot-spot-abs/-rel)",
+            "Decisions where the hot-spot guard moved the request off an overloaded endpoint (--hot-spot-abs/-rel)",
             ["model_server"], registry=reg)
         self.index_capacity = Gauge(
             "kthena_router_prefix_index_capacity",

@@ -56,6 +56,7 @@ async def run_hard_cell(a: argparse.Namespace, spec: HardSpec, pol: policies.Pol
     timeline: list[tuple[float, list[int]]] = []  # (sim s, running + waiting per engine)
     needs_events = pol.kv_events or policies.uses_kv_events(sched_yaml)
     kv_fallbacks: float | None = None
+    hot_spot: float | None = None
     try:
         ev_base = cluster.free_port_block(2 * cluster.N_ENGINES) if needs_events else None
         ports, admin = cluster.start_engines(logdir, procs, spec.kv_blocks, k, seed,
@@ -104,6 +105,9 @@ async def run_hard_cell(a: argparse.Namespace, spec: HardSpec, pol: policies.Pol
         if router_admin is not None and needs_events:
             kv_fallbacks = await asyncio.to_thread(
                 cluster.router_counter, router_admin, "kthena_router_kvcache_aware_fallback_total")
+        if router_admin is not None and sched_yaml is not None:
+            hot_spot = await asyncio.to_thread(
+                cluster.router_counter, router_admin, "kthena_router_hot_spot_reorders_total")
     finally:
         for p in reversed(procs):
             p.stop()
@@ -139,6 +143,8 @@ async def run_hard_cell(a: argparse.Namespace, spec: HardSpec, pol: policies.Pol
     cells.add_engine_ttft(cell, ttfts, ttft0, ttft1)
     if needs_events:
         cell["kvcache_aware_fallbacks"] = kv_fallbacks
+    if hot_spot is not None:  # decisions where the router's hot-spot guard overrode the scores
+        cell["hot_spot_reorders"] = hot_spot
     return cell, ttfts
 
 
@@ -152,7 +158,9 @@ def _cell_line(spec: HardSpec, cell: dict[str, Any]) -> str:
             f"{m['ttft_mean_s'] or math.nan:.3f}s p90 {m['ttft_p90_s'] or math.nan:.3f}s, hit "
             f"{100 * (m['hit_rate'] or 0):.1f}%, per engine reqs "
             f"{[int(x) for x in pe['requests_finished_total']]} hit {hr}, lag "
-            f"{cell['engine_lag_max_s']:.3f}s, load {cell['load_avg_1m']:.1f} -> {verdict}")
+            f"{cell['engine_lag_max_s']:.3f}s, load {cell['load_avg_1m']:.1f}"
+            + (f", guard {cell['hot_spot_reorders']:.0f}" if "hot_spot_reorders" in cell else "")
+            + f" -> {verdict}")
 
 
 def _refuse(pol: policies.Policy) -> str | None:

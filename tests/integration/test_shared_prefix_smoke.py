@@ -107,6 +107,18 @@ def test_runner_smoke_round_robin_and_greedy_reference(tmp_path: Path) -> None:
     assert (tmp_path / "ttft_kv0.5.png").stat().st_size > 0
 
 
+def test_hard_profile_cell_counts_the_guard(tmp_path: Path) -> None:
+    # The hard workloads' runner records the guard's decisions too (same 0 / 1x setting:
+    # Zipf groups leave one engine busier than the others).
+    s = run_runner(tmp_path, "--profile", "zipf", "--set", "num_requests=40", "--time-scale", "12",
+                   "--policies", "best", "--seeds", "1", "--max-lag", "1e9",
+                   "--router-arg=--hot-spot-abs=0", "--router-arg=--hot-spot-rel=1",
+                   timeout_s=300)
+    cell = row(s, "best")["cells"][0]
+    assert cell["ok"] == cell["requests"] == 40
+    assert 0 < cell["hot_spot_reorders"] <= 40
+
+
 def test_runner_policy_aliases_and_seed_sets() -> None:
     from loadtest.shared_prefix import runner
 

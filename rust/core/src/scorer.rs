@@ -8,8 +8,10 @@
 //!    endpoints (e.g. a prefix miss everywhere) are spread over requests, not piled on one;
 //! 4. hot-spot guard (only when an affinity policy — prefix-cache, kvcache-aware,
 //!    lora-affinity — is configured): if the top endpoint's load exceeds the least loaded
-//!    candidate's by more than `hot_spot_abs` AND more than `hot_spot_rel` times it, the
-//!    list is reordered by load (score, then the tie-break, order equal loads): load wins;
+//!    candidate's by more than `hot_spot_abs` AND more than `hot_spot_rel` times it, every
+//!    endpoint so far above the least loaded goes to the back of the list, the others keep
+//!    their score order: a request leaves a hot spot for the best of the rest (an endpoint
+//!    that already holds its prefix, if one is not hot), not for the idlest;
 //! 5. the ordered endpoint ids (at most `max_candidates`, 0 = all) for failover.
 //!
 //! Unknown is worst: an endpoint is stale until its first metrics and again after a failed
@@ -492,34 +494,38 @@ impl Scorer {
 
         let by_score = |a: &Ranked, b: &Ranked| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
         let load = &self.load;
-        let by_load = |a: &Ranked, b: &Ranked| {
-            load[a.2 as usize]
-                .total_cmp(&load[b.2 as usize])
-                .then(by_score(a, b))
+        let guarded = self.guard && n > 1;
+        let min = if guarded {
+            self.cands
+                .iter()
+                .map(|&s| load[s as usize])
+                .fold(f64::INFINITY, f64::min)
+        } else {
+            f64::INFINITY // nothing is hot
         };
-        let mut load_wins = false;
-        if self.guard && n > 1 {
-            let top = self
+        let (abs, rel) = (self.hot_spot_abs, self.hot_spot_rel);
+        // inf - inf is NaN and fails the test: all-stale sets are left to the scores.
+        let hot = |s: u32| {
+            let l = load[s as usize];
+            min.is_finite() && l - min > abs && l > rel * min
+        };
+        // Hot spots go last; the others keep their score order, so a request moved off a
+        // hot spot goes where its prefix or adapter is already replicated, if anywhere,
+        // rather than to the least loaded endpoint whatever it holds.
+        let by_guard = |a: &Ranked, b: &Ranked| hot(a.2).cmp(&hot(b.2)).then(by_score(a, b));
+        let load_wins = guarded
+            && self
                 .ranked
                 .iter()
                 .min_by(|a, b| by_score(a, b))
-                .map_or(0.0, |t| load[t.2 as usize]);
-            let min = self
-                .cands
-                .iter()
-                .map(|&s| load[s as usize])
-                .fold(f64::INFINITY, f64::min);
-            // inf - inf is NaN and fails the test: all-stale sets are left to the scores.
-            load_wins =
-                min.is_finite() && top - min > self.hot_spot_abs && top > self.hot_spot_rel * min;
-        }
+                .is_some_and(|t| hot(t.2));
         let k = if self.max_candidates == 0 {
             n
         } else {
             self.max_candidates.min(n)
         };
         let cmp: &dyn Fn(&Ranked, &Ranked) -> std::cmp::Ordering =
-            if load_wins { &by_load } else { &by_score };
+            if load_wins { &by_guard } else { &by_score };
         if k < n && k > 0 {
             self.ranked.select_nth_unstable_by(k - 1, cmp);
             self.ranked.truncate(k);

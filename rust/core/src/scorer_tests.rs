@@ -142,12 +142,17 @@ fn guard_setup(abs: f64, rel: f64) -> Scorer {
     scorer(&c, 3)
 }
 
+/// Running requests per endpoint id, nothing waiting.
+fn set_running(s: &mut Scorer, running: &[f64]) {
+    for (id, &r) in (0u32..).zip(running) {
+        s.update_metrics(id, r, 0.0, 0.0, f64::NAN, f64::NAN);
+    }
+}
+
 #[test]
 fn hot_spot_guard_load_wins() {
     let mut s = guard_setup(8.0, 2.0);
-    s.update_metrics(0, 30.0, 0.0, 0.0, f64::NAN, f64::NAN);
-    s.update_metrics(1, 5.0, 0.0, 0.0, f64::NAN, f64::NAN);
-    s.update_metrics(2, 6.0, 0.0, 0.0, f64::NAN, f64::NAN);
+    set_running(&mut s, &[30.0, 5.0, 6.0]);
     // Endpoint 0 holds the whole prefix but is 25 requests / 6x above the least loaded.
     assert_eq!(sched(&mut s, 1, &[(0, 10)], None, 10), [1, 2, 0]);
     assert_eq!(s.hot_spot_count(), 1);
@@ -155,6 +160,21 @@ fn hot_spot_guard_load_wins() {
     s.update_metrics(0, 12.0, 0.0, 0.0, f64::NAN, f64::NAN);
     assert_eq!(sched(&mut s, 1, &[(0, 10)], None, 10)[0], 0);
     assert_eq!(s.hot_spot_count(), 1);
+}
+
+#[test]
+fn hot_spot_guard_moves_to_the_best_endpoint_that_is_not_hot() {
+    let mut s = guard_setup(8.0, 2.0);
+    set_running(&mut s, &[30.0, 10.0, 5.0]);
+    // 0 holds the whole prefix and is a hot spot; 1 holds most of it and is busier than 2
+    // but not hot: the request goes to the replica on 1, not to the idlest endpoint.
+    let m = [(0, 10), (1, 6)];
+    assert_eq!(sched(&mut s, 1, &m, None, 10), [1, 2, 0]);
+    assert_eq!(s.hot_spot_count(), 1);
+    // Two hot spots (both > 8 above and > 2x the least loaded) go last, by score.
+    s.update_metrics(1, 20.0, 0.0, 0.0, f64::NAN, f64::NAN);
+    assert_eq!(sched(&mut s, 1, &m, None, 10), [2, 0, 1]);
+    assert_eq!(s.hot_spot_count(), 2);
 }
 
 #[test]
