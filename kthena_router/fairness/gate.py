@@ -7,9 +7,10 @@ and `release` when the request ends (real prompt and completion tokens settle th
 charge). Saturated, for a ModelServer (the `saturation` settings):
 - this worker's admitted requests >= `maxInFlight`; or
 - >= `maxInFlightPerEndpoint` x healthy endpoints; with `auto`, the learned capacity: per
-  endpoint, 1 + the engine's running count at the last scrape that showed it had waiting
-  requests (so the engine keeps at most about one request queued and the limit follows
-  it), divided among the workers; an endpoint not learned yet sets no limit;
+  endpoint, 1 + the engine's batch capacity (capacity.py: its running count while it
+  queues, revised upwards when it runs more with nothing queued), so the engine keeps
+  about one request queued; divided among the workers; an endpoint not learned yet sets
+  no limit;
 - every healthy endpoint reported >= `maxWaitingPerEndpoint` waiting requests at its last
   fresh scrape and no request of this worker finished since (dispatch then follows
   completions until a scrape shows the queues below the threshold).
@@ -31,6 +32,7 @@ from typing import Any
 from kthena_router import _core
 from kthena_router.errors import RequestError
 
+from .capacity import CapacityLearner
 from .config import FairnessSettings
 from .metrics import FairnessMetrics
 
@@ -224,7 +226,7 @@ class FairnessGate:
         self.settings = settings
         self.class_ids = {c.name: i for i, c in enumerate(settings.classes)}
         self.queues: dict[tuple[str, str], ModelQueue] = {}
-        self.learned: dict[str, int] = {}  # endpoint -> engine running count while it had waiting requests
+        self.learned = CapacityLearner()  # endpoint -> the engine's batch capacity (auto)
         self.waiting: dict[str, int | None] = {}  # endpoint -> waiting at the last scrape (None: stale)
         self.waiters = 0  # requests waiting in this worker (the Forwarder's admission limit skips them)
         self._unknown_classes: set[str] = set()
@@ -268,7 +270,7 @@ class FairnessGate:
 
     def learned_capacity(self, healthy: list[Any]) -> int | None:
         total = 0
-        learned = self.learned
+        learned = self.learned.capacity
         for ep in healthy:
             n = learned.get(ep.key)
             if n is None:
@@ -280,8 +282,7 @@ class FairnessGate:
         key = snap.key
         waiting, running = snap.waiting, snap.running
         self.waiting[key] = waiting
-        if waiting and running:
-            self.learned[key] = running
+        self.learned.observe(key, running, waiting)
         for q in self.queues.values():
             if key in q.endpoint_keys:
                 q.in_flight_at_scrape = q.in_flight
@@ -290,9 +291,9 @@ class FairnessGate:
     def on_state(self, targets: dict[tuple[str, str], tuple[Any, ...]]) -> None:
         """After a routing-state install: new endpoint sets; forget what left."""
         live = {ep.key for eps in targets.values() for ep in eps}
-        for d in (self.learned, self.waiting):
-            for key in [k for k in d if k not in live]:
-                del d[key]
+        self.learned.forget(live)
+        for key in [k for k in self.waiting if k not in live]:
+            del self.waiting[key]
         for key, q in list(self.queues.items()):
             eps = targets.get(key)
             if eps is None and not q.waiters and not q.in_flight:

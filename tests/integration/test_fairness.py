@@ -319,19 +319,14 @@ def test_client_that_disconnects_while_queued_leaves_the_queue(simulator: harnes
     assert not any(re.fullmatch("gone", e["request_id"]) for e in log)
 
 
-def test_learned_capacity_holds_the_excess_in_the_router_not_in_the_engine(tmp_path: Path) -> None:
-    """`maxInFlightPerEndpoint: auto` (the default): the router learns the engine's batch
-    capacity (here --max-num-seqs 2) from the scraped running / waiting counts and keeps the
-    excess of a flood in its fair queue, so that the engine's own queue stays near one."""
-    sim = harness.start_simulator(tmp_path, engines=1, extra_args=["--max-num-seqs", "2"])
-    keys = ah.write_keys_file(tmp_path / "auth" / "keys.yaml", KEYS)
-    rc = ah.write_router_config(tmp_path / "auth" / "router.yaml", ah.auth_section(keys), fairness={})
-    config = harness.write_config(tmp_path / "cfg" / "routes.yaml", harness.engine_config(sim.ports))
-    router = harness.start_router(config, tmp_path, extra_args=["--router-config", str(rc),
-                                                                "--scrape-interval-s", "0.2"])
+Sample = tuple[float, float, float, float]  # (t, engine waiting, router in flight, router queue)
+
+
+def _flood_and_watch(router: harness.Router, engine_url: str, clients: int, seconds: float) -> tuple[float, list[Sample]]:
+    """`clients` closed-loop clients for `seconds`, sampling the engine's waiting queue and
+    the router's fair queue every 0.1 s."""
     client = _client(router, "sk-heavy-0123456789")
-    engine_url = sim.urls[0]
-    samples: list[tuple[float, float, float, float]] = []  # (t, engine waiting, router in flight, router queue)
+    samples: list[Sample] = []
 
     async def flood(until: float) -> None:
         while time.monotonic() < until:
@@ -351,12 +346,40 @@ def test_learned_capacity_holds_the_excess_in_the_router_not_in_the_engine(tmp_p
 
     async def run() -> float:
         t0 = time.monotonic()
-        end = t0 + 8
-        await asyncio.gather(watch(end), *(flood(end) for _ in range(8)))
+        end = t0 + seconds
+        await asyncio.gather(watch(end), *(flood(end) for _ in range(clients)))
         return t0
 
+    return asyncio.run(run()), samples
+
+
+def _learning_router(tmp_path: Path, port: int) -> harness.Router:
+    keys = ah.write_keys_file(tmp_path / "auth" / "keys.yaml", KEYS)
+    rc = ah.write_router_config(tmp_path / "auth" / "router.yaml", ah.auth_section(keys), fairness={})
+    config = harness.write_config(tmp_path / "cfg" / "routes.yaml", harness.engine_config([port]))
+    return harness.start_router(config, tmp_path, extra_args=["--router-config", str(rc),
+                                                              "--scrape-interval-s", "0.2"])
+
+
+def _chat_ok(router: harness.Router) -> bool:
+    client = openai.OpenAI(base_url=router.openai_url, api_key="sk-heavy-0123456789", max_retries=0, timeout=5)
     try:
-        t0 = asyncio.run(run())
+        client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    except openai.OpenAIError:
+        return False
+    finally:
+        client.close()
+    return True
+
+
+def test_learned_capacity_holds_the_excess_in_the_router_not_in_the_engine(tmp_path: Path) -> None:
+    """`maxInFlightPerEndpoint: auto` (the default): the router learns the engine's batch
+    capacity (here --max-num-seqs 2) from the scraped running / waiting counts and keeps the
+    excess of a flood in its fair queue, so that the engine's own queue stays near one."""
+    sim = harness.start_simulator(tmp_path, engines=1, extra_args=["--max-num-seqs", "2"])
+    router = _learning_router(tmp_path, sim.ports[0])
+    try:
+        t0, samples = _flood_and_watch(router, sim.urls[0], clients=8, seconds=8)
         queued = _metric(router, "kthena_router_fairness_admitted_total", path="queued")
     finally:
         router.stop()
@@ -368,3 +391,35 @@ def test_learned_capacity_holds_the_excess_in_the_router_not_in_the_engine(tmp_p
     assert max(s[2] for s in late) <= 3  # 1 + the engine's running count (2) while it had waiting requests
     assert max(s[3] for s in late) >= 4  # the other clients wait in the router
     assert max(s[1] for s in late) <= 1  # the engine's own queue: about one request
+
+
+def test_learned_capacity_follows_a_bigger_engine_upwards(tmp_path: Path) -> None:
+    """The engine behind an endpoint is replaced by one with 4x the batch slots (an upgrade
+    at the same address). The capacity learned from the small one must not pin the big one
+    at 3 requests: with the router holding a queue and the engine running its limit with
+    nothing waiting, the learned capacity grows until the engine queues again."""
+    small = harness.start_simulator(tmp_path / "small", engines=1, extra_args=["--max-num-seqs", "2"])
+    port = small.ports[0]
+    router = _learning_router(tmp_path, port)
+    big: harness.Simulator | None = None
+    try:
+        t0, samples = _flood_and_watch(router, small.urls[0], clients=8, seconds=4)
+        assert max(s[2] for s in samples if s[0] >= t0 + 2) <= 3  # learned: 2 running + 1
+        small.stop()
+        big = harness.start_simulator(tmp_path / "big", engines=1,
+                                      extra_args=["--max-num-seqs", "8", "--ports", str(port),
+                                                  "--admin-port", str(harness.free_port())])
+        harness.wait_until(lambda: _chat_ok(router), 15, what="a chat served by the big engine")
+        t1, samples = _flood_and_watch(router, big.urls[0], clients=14, seconds=6)
+    finally:
+        router.stop()
+        small.stop()
+        if big is not None:
+            big.stop()
+    late = [s for s in samples if s[0] >= t1 + 3]
+    print(f"big engine: router in flight max {max(s[2] for s in late)}, engine waiting max "
+          f"{max(s[1] for s in late)}, router queue max {max(s[3] for s in late)}")
+    assert len(late) >= 10
+    assert max(s[2] for s in late) >= 8  # the engine's 8 slots are used
+    assert max(s[2] for s in late) <= 8 + 1 + 8  # and the limit stays near them (an overshoot is brief)
+    assert max(s[3] for s in late) >= 1  # still a queue in the router: the limit, not the clients, binds
