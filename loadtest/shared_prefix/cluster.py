@@ -71,12 +71,24 @@ class Cluster:
             p.stop()
 
 
+def _block_range(n: int) -> tuple[int, int]:
+    """Where to look for a block: below the kernel's ephemeral range, so that no socket's
+    automatic bind (another process's, or a port picked by binding to 0) can take a port
+    of the block between this check and the simulator's own bind."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return (10000, low - n) if low - n > 11000 else (20000, 60000 - n)
+
+
 def free_port_block(n: int, tries: int = 50) -> int:
     """First port of n consecutive free loopback ports (the simulator's KV-event ports are
     base + 2*i and +1, so they must be consecutive)."""
     rng = random.Random()
+    lo, hi = _block_range(n)
     for _ in range(tries):
-        base = rng.randrange(20000, 60000 - n)
+        base = rng.randrange(lo, hi)
         socks: list[socket.socket] = []
         try:
             for port in range(base, base + n):
