@@ -61,7 +61,9 @@ class PrefixIndex:
     engine's word) and `remove_endpoint` void hints.
     """
 
-    def __init__(self, default_capacity: int, *, hint_slots: int = 0) -> None: ...
+    def __init__(self, default_capacity: int, *, hint_slots: int = 0, traffic_block_bytes: int = 0) -> None:
+        """`traffic_block_bytes` > 0 (the hashing block size): every insert also counts as a
+        dispatch of the prompt's prefix key (its first 512 bytes), for `miss_scores`."""
     @property
     def hint_slots(self) -> int:
         """Slots of the hint table (0 without hints)."""
@@ -73,6 +75,12 @@ class PrefixIndex:
     def match_hashes(self, hashes: BlockHashes) -> list[tuple[int, int]]: ...
     def insert(self, endpoint: int, hashes: BlockHashes) -> None:
         """Record that `endpoint` holds the chain (call when the request is dispatched)."""
+    def miss_scores(self, ids: list[int], total: int) -> list[tuple[int, int]]:
+        """prefix-cache's balanceMisses for a prompt of `total` blocks no endpoint holds:
+        each of `ids` by the expected load of the prefixes dispatched there (decayed counts
+        per prefix key, each key's rate shrunk toward the pooled rate), as (endpoint, blocks):
+        `total` x (max - load) / max, the most loaded left out; [] without traffic on `ids`
+        or without traffic counting."""
     def evict(self, endpoint: int, hashes: BlockHashes) -> int:
         """Forget these hashes for `endpoint`; returns how many it held."""
     def remove_endpoint(self, endpoint: int) -> int:

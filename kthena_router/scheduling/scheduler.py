@@ -117,8 +117,10 @@ class Scheduler:
         self.kv_matcher: KvAwareMatcher | None = None
         self._kv_dispatched: Callable[[int, BlockHashes], None] | None = None
         fixed = self.prefix_args.max_hash_cache_size
+        # balanceMisses places a miss by the traffic the index's inserts counted
         self.index = PrefixIndex(fixed if fixed is not None else DEFAULT_INDEX_CAPACITY,
-                                 hint_slots=self.prefix_args.evicted_hint_slots)
+                                 hint_slots=self.prefix_args.evicted_hint_slots,
+                                 traffic_block_bytes=self.prefix_args.block_size_to_hash if self.balance_misses else 0)
         # Capacity per endpoint follows its engine's KV unless maxHashCacheSize is set.
         self._sizer = IndexSizer(self.prefix_args.block_size_to_hash) if fixed is None else None
         self._kv_tokens: dict[int, int] = {}  # endpoint id -> engine KV capacity in tokens
@@ -257,8 +259,9 @@ class Scheduler:
         if self.learn_cost and info is not None:
             info.matched = (self, dict(matches) if matches else {}, total)
         best_fraction = max(matches, key=_best)[1] / total if matches and total else 0.0
-        if self.balance_misses and total and best_fraction < MISS_FRACTION:
-            matches = self._room(view, total)
+        if self.balance_misses and total and best_fraction < MISS_FRACTION and lora_id is None:
+            # a LoRA request's place is its adapter's batch (lora-affinity), not the prefix load
+            matches = self.index.miss_scores(list(view.by_id), total)
         t1 = time.perf_counter()
         ids = view.scorer.schedule(rid_hash, matches, lora_id, total, hash_key)
         t2 = time.perf_counter()
@@ -332,19 +335,6 @@ class Scheduler:
                 if exact is not None:
                     matches, total = exact
         return matches, total
-
-    def _room(self, view: _ServerView, total: int) -> list[tuple[int, int]]:
-        """balanceMisses: a miss's prefix score per endpoint = its index's room, scaled to
-        [0, 1] between the fullest (0) and the emptiest (1) endpoint, as matched blocks.
-        Only on misses (one Python pass over the server's endpoints); equal occupancy (all
-        at capacity, or all empty) leaves the choice to the other plugins."""
-        occ = [(ep_id, self.index.endpoint_len(ep_id)) for ep_id in view.by_id]
-        hi = max(o for _, o in occ)
-        lo = min(o for _, o in occ)
-        if hi == lo:
-            return []
-        span = hi - lo
-        return [(ep_id, round(total * (hi - o) / span)) for ep_id, o in occ if o < hi]
 
     def _seed(self, model: str, lora: str) -> int:
         seed = self._seeds.get((model, lora))

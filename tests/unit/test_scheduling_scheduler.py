@@ -238,7 +238,7 @@ BALANCE = ("scheduler:\n  pluginConfig:\n  - name: prefix-cache\n    args: {bala
            "      - {name: least-request, weight: 1}\n")
 
 
-def test_balance_misses_places_new_prefixes_on_the_emptiest_index():
+def test_balance_misses_places_new_prefixes_where_their_company_is_least():
     eps = endpoints(3)
     on, _ = sched(BALANCE)
     off, _ = sched(cfg("prefix-cache", "least-request"))
@@ -261,6 +261,19 @@ def test_balance_misses_places_new_prefixes_on_the_emptiest_index():
     even, _ = sched(BALANCE)
     fresh(even, eps)
     assert len({even.candidates(KEY, eps, info)[0].key for info in new}) == 3
+    # a LoRA request's miss is not placed by the prefix traffic (its adapter's batch is)
+    lora = [RequestInfo(f"l{i}", "/v1/completions", {"prompt": f"new{i} " + "y" * 4000}, "demo", "ad", "demo")
+            for i in range(30)]
+    assert len({on.candidates(KEY, eps, info)[0].key for info in lora}) == 3
+    # traffic, not the count of prefixes: eps[1]'s prefix turns hot, so eps[0] (two cold
+    # ones) is now the lighter of the two, and past enough requests the misses go there
+    hot = RequestInfo("hot", "/v1/completions", {"prompt": "2 " + "x" * 4000}, "demo", "", "demo")
+    assert on.candidates(KEY, eps, hot)[0] is eps[1]
+    for _ in range(60):
+        on.dispatched(eps[1], hot)
+        on.finished(eps[1])
+    scores = dict(on.index.miss_scores([on._ids[e.key] for e in eps], 100))
+    assert on._ids[eps[1].key] not in scores and scores[on._ids[eps[0].key]] > 0
 
 
 def test_balance_misses_is_validated():

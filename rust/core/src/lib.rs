@@ -11,6 +11,7 @@ mod owner_table;
 pub mod policies;
 pub mod prefix_hash;
 pub mod prefix_index;
+pub mod prefix_traffic;
 pub mod scorer;
 pub mod token_hash;
 

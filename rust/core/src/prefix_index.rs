@@ -11,12 +11,15 @@
 
 use crate::evicted_hints::EvictedHints;
 use crate::owner_table::{OwnerTable, Touch};
+use crate::prefix_traffic::PrefixTraffic;
 
 /// See the module docs. Endpoint ids are the caller's `u32`s.
 #[derive(Debug)]
 pub struct PrefixIndex {
     table: OwnerTable<()>,
     hints: Option<EvictedHints>,
+    /// Dispatch traffic per prefix key (prefix-cache's balanceMisses), fed by `insert`.
+    traffic: Option<PrefixTraffic>,
     /// Per-match scratch of `match_hashes` with hints (kept to avoid an allocation).
     runs: Vec<HintRun>,
 }
@@ -51,8 +54,21 @@ impl PrefixIndex {
         PrefixIndex {
             table: OwnerTable::new(default_capacity),
             hints: None,
+            traffic: None,
             runs: Vec::new(),
         }
+    }
+
+    /// Count each insert as a dispatch of its prompt's prefix key (`key_blocks` blocks; 0:
+    /// stop counting), for [`Self::miss_scores`].
+    pub fn track_traffic(&mut self, key_blocks: usize) {
+        self.traffic = (key_blocks > 0).then(|| PrefixTraffic::new(key_blocks));
+    }
+
+    /// balanceMisses' scores for a prompt no endpoint holds (see
+    /// [`PrefixTraffic::miss_scores`]); nothing without traffic tracking.
+    pub fn miss_scores(&mut self, ids: &[u32], total: u32) -> Vec<(u32, u32)> {
+        self.traffic.as_mut().map_or_else(Vec::new, |t| t.miss_scores(ids, total))
     }
 
     /// [`Self::new`] with an evicted-owner hint table of `hint_slots` entries (rounded up
@@ -61,6 +77,7 @@ impl PrefixIndex {
         PrefixIndex {
             table: OwnerTable::new(default_capacity),
             hints: (hint_slots > 0).then(|| EvictedHints::new(hint_slots)),
+            traffic: None,
             runs: Vec::new(),
         }
     }
@@ -114,6 +131,9 @@ impl PrefixIndex {
     /// touched from the last to the first, so the chain's head ends most recently used and
     /// eviction eats chains from their tails (a lost head would void the whole chain).
     pub fn insert(&mut self, endpoint: u32, hashes: &[u64]) {
+        if let Some(t) = &mut self.traffic {
+            t.record(endpoint, hashes);
+        }
         let s = self.table.slot(endpoint);
         if self.table.cap(s) == 0 {
             return;
@@ -216,6 +236,9 @@ impl PrefixIndex {
     pub fn remove_endpoint(&mut self, endpoint: u32) -> usize {
         if let Some(hints) = &mut self.hints {
             hints.remove_endpoint(endpoint);
+        }
+        if let Some(t) = &mut self.traffic {
+            t.remove_endpoint(endpoint);
         }
         self.table.remove_endpoint(endpoint)
     }

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::gil;
-use kthena_core::{prefix_hash, prefix_index};
+use kthena_core::{prefix_hash, prefix_index, prefix_traffic};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -151,13 +151,25 @@ impl PrefixIndex {
 #[pymethods]
 impl PrefixIndex {
     /// `hint_slots`: entries of the evicted-owner hint table (0 = no hints).
+    /// `traffic_block_bytes` > 0: count every insert as a dispatch of its prompt's prefix
+    /// key (the blocks of this many bytes covering the prompt's first KEY_BYTES), for
+    /// `miss_scores`.
     #[new]
-    #[pyo3(signature = (default_capacity, *, hint_slots = 0))]
-    fn new(default_capacity: u32, hint_slots: u32) -> Self {
-        PrefixIndex {
-            inner: Arc::new(Mutex::new(prefix_index::PrefixIndex::with_hints(default_capacity, hint_slots))),
-            out: Vec::new(),
+    #[pyo3(signature = (default_capacity, *, hint_slots = 0, traffic_block_bytes = 0))]
+    fn new(default_capacity: u32, hint_slots: u32, traffic_block_bytes: usize) -> Self {
+        let mut index = prefix_index::PrefixIndex::with_hints(default_capacity, hint_slots);
+        if traffic_block_bytes > 0 {
+            index.track_traffic(prefix_traffic::KEY_BYTES.div_ceil(traffic_block_bytes));
         }
+        PrefixIndex { inner: Arc::new(Mutex::new(index)), out: Vec::new() }
+    }
+
+    /// balanceMisses' prefix scores for a prompt of `total` blocks that no endpoint holds:
+    /// [(endpoint, blocks)], each of `ids` by the expected load its prefixes bring:
+    /// `total` x (max - load) / max, the most loaded left out; [] without traffic on `ids`
+    /// or without traffic counting.
+    fn miss_scores(&mut self, ids: Vec<u32>, total: u32) -> Vec<(u32, u32)> {
+        self.lock().miss_scores(&ids, total)
     }
 
     /// Slots of the evicted-owner hint table (0 without hints).

@@ -24,9 +24,11 @@ const CACHE_SIZE: ArgSpec = ArgSpec::int("maxHashCacheSize", "max_hash_cache_siz
     .router();
 /// Absent = ours: every matching endpoint is scored (Kthena: the top 5).
 const TOP_K: ArgSpec = ArgSpec::int("topKMatches", "top_k_matches", Value::Absent).positive();
-/// Ours: a request no endpoint holds (best match < half the prompt) scores each endpoint
-/// by the room in its index instead of 0, so new prefixes go where the least prefix content
-/// lives (SGLang's cache-aware router places misses on its smallest tree).
+/// Ours: a base-model request no endpoint holds (best match < half the prompt) scores each
+/// endpoint by the load its prefixes already bring instead of 0 ((max - load) / max of the
+/// expected loads; crate::prefix_traffic), so a new prefix goes where its future requests
+/// find the least company: by count at a cold start (as SGLang's cache-aware router's
+/// smallest tree), by measured traffic once a prefix has been seen often.
 const BALANCE: ArgSpec = ArgSpec::bool("balanceMisses", "balance_misses", false)
     .ours()
     .router();

@@ -469,7 +469,7 @@ fn schedule(table: &Table, sc: &Sched, server: &Server, facts: &Facts, chat: boo
             best = f64::from(top) / f64::from(total);
         }
         if p.balance_misses && total > 0 && best < MISS_FRACTION {
-            let replaced = std::mem::replace(&mut matches, room(&index, &sc.ids, total));
+            let replaced = std::mem::replace(&mut matches, index.miss_scores(&sc.ids, total));
             if p.pending_cost {
                 real = Some(replaced);
             }
@@ -507,22 +507,6 @@ fn schedule(table: &Table, sc: &Sched, server: &Server, facts: &Facts, chat: boo
         hashes, prompt_bytes, match_s: (t1 - t0).as_secs_f64(), schedule_s: (t2 - t1).as_secs_f64(), best, pending,
     };
     Some((order, done))
-}
-
-/// balanceMisses (scheduler.py `_room`): each endpoint's index room scaled to [0, 1] between
-/// the fullest and the emptiest endpoint, as matched blocks; equal occupancy: nothing.
-fn room(index: &PrefixIndex, ids: &[u32], total: u32) -> Vec<(u32, u32)> {
-    let occ: Vec<(u32, usize)> = ids.iter().map(|id| (*id, index.endpoint_len(*id))).collect();
-    let hi = occ.iter().map(|o| o.1).max().unwrap_or(0);
-    let lo = occ.iter().map(|o| o.1).min().unwrap_or(0);
-    if hi == lo {
-        return Vec::new();
-    }
-    let span = (hi - lo) as f64;
-    occ.into_iter()
-        .filter(|o| o.1 < hi)
-        .map(|(id, o)| (id, ((f64::from(total) * (hi - o) as f64) / span).round_ties_even() as u32))
-        .collect()
 }
 
 #[cfg(test)]

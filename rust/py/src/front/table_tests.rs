@@ -57,14 +57,16 @@ fn headers_follow_request_headers() {
 }
 
 #[test]
-fn balanced_misses_follow_the_python_room() {
+fn balanced_misses_come_from_the_index_traffic() {
+    // the front calls the index's miss_scores, as scheduler.py does
     let mut index = PrefixIndex::with_hints(100, 0);
-    index.insert(1, &[11, 12, 13, 14]);
-    index.insert(2, &[21, 22]);
-    // hi 4, lo 0: room 0/4, 2/4 (a tie: rounded to even, as Python's round), 4/4
-    assert_eq!(room(&index, &[1, 2, 3], 1), [(2, 0), (3, 1)]);
-    assert_eq!(room(&index, &[1, 2, 3], 10), [(2, 5), (3, 10)]);
-    assert_eq!(room(&index, &[3, 4], 10), []); // equal occupancy: nothing
+    index.track_traffic(2);
+    index.insert(1, &[1, 11, 12]);
+    index.insert(1, &[1, 21, 22]);
+    index.insert(2, &[1, 31]);
+    let s = index.miss_scores(&[1, 2, 3], 10);
+    assert!(s.len() == 2 && s[0].0 == 2 && (1..10).contains(&s[0].1) && s[1] == (3, 10), "{s:?}");
+    assert_eq!(index.miss_scores(&[4, 5], 10), []); // no traffic there: nothing
 }
 
 #[test]
