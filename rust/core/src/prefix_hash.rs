@@ -71,7 +71,7 @@ pub fn write_le(hashes: &[u64], out: &mut [u8]) {
 
 /// The chain in `bytes` (little-endian u64 words); None unless the length is a multiple of 8.
 pub fn read_le(bytes: &[u8]) -> Option<Vec<u64>> {
-    if bytes.len() % 8 != 0 {
+    if !bytes.len().is_multiple_of(8) {
         return None;
     }
     Some(

@@ -171,7 +171,7 @@ impl PrefixTraffic {
         let mut load = Vec::new();
         self.expected_load(ids, &mut load);
         let hi = load.iter().copied().fold(0.0, f64::max);
-        if !(hi > 0.0) {
+        if hi.is_nan() || hi <= 0.0 {
             return Vec::new();
         }
         ids.iter()

@@ -142,7 +142,7 @@ async fn linger(mut body: Incoming) {
 /// which would surface as a 503.
 async fn too_large(max: usize, mut body: Incoming, seen: usize, declared: Option<usize>) -> Response<RespBody> {
     let budget = (max + DRAIN_BYTES).saturating_sub(seen);
-    let ended = declared.map_or(true, |n| n <= max + DRAIN_BYTES) && drain(&mut body, budget).await;
+    let ended = declared.is_none_or(|n| n <= max + DRAIN_BYTES) && drain(&mut body, budget).await;
     let msg = format!("request body exceeds the router's limit ({max} bytes)");
     let mut r = json(StatusCode::PAYLOAD_TOO_LARGE, error_json(413, &msg, 413.into()));
     if !ended {

@@ -56,6 +56,9 @@ pub struct Prefix {
     pub pending_cost: bool,
 }
 
+/// A server's timeouts: connect, response, first token, idle, total, pool wait, retry interval.
+pub type Timeouts = (Duration, Option<Duration>, Option<Duration>, Option<Duration>, Option<Duration>, Duration, Duration);
+
 pub struct Server {
     pub addrs: Vec<String>,
     pub hosts: Vec<HeaderValue>,
@@ -63,7 +66,7 @@ pub struct Server {
     pub retries: Option<usize>,
     pub default_retry: usize,
     pub extra: Vec<(HeaderName, HeaderValue)>,
-    pub timeouts: (Duration, Option<Duration>, Option<Duration>, Option<Duration>, Option<Duration>, Duration, Duration),
+    pub timeouts: Timeouts,
     pub max_buffered: usize,
     pub sched: Option<Sched>,
     rr: AtomicUsize,
@@ -75,7 +78,7 @@ impl Server {
     #[allow(clippy::too_many_arguments)]
     pub fn new(addrs: Vec<String>, hosts: Vec<HeaderValue>, retries: Option<usize>, default_retry: usize,
                extra: Vec<(HeaderName, HeaderValue)>,
-               timeouts: (Duration, Option<Duration>, Option<Duration>, Option<Duration>, Option<Duration>, Duration, Duration),
+               timeouts: Timeouts,
                max_buffered: usize, sched: Option<Sched>) -> Self {
         Server { addrs, hosts, retries, default_retry, extra, timeouts, max_buffered, sched, rr: AtomicUsize::new(0),
                  calm: AtomicBool::new(false) }
@@ -343,7 +346,7 @@ fn upstream_headers(h: &HeaderMap, ids: &Ids) -> Option<(HeaderMap, String)> {
             return None;
         }
     }
-    let named: Vec<String> = match h.get_all(CONNECTION).iter().last().map(|v| v.as_bytes()) {
+    let named: Vec<String> = match h.get_all(CONNECTION).iter().next_back().map(|v| v.as_bytes()) {
         None | Some(b"") | Some(b"keep-alive") | Some(b"close") | Some(b"Keep-Alive") | Some(b"Close") => Vec::new(),
         Some(v) => {
             if !v.is_ascii() {
@@ -357,7 +360,7 @@ fn upstream_headers(h: &HeaderMap, ids: &Ids) -> Option<(HeaderMap, String)> {
                 .collect()
         }
     };
-    let rid = match h.get_all("x-request-id").iter().last().map(|v| v.as_bytes()) {
+    let rid = match h.get_all("x-request-id").iter().next_back().map(|v| v.as_bytes()) {
         Some(v) if !v.is_empty() && v.len() <= MAX_REQUEST_ID && v.iter().all(|c| (0x20..0x7f).contains(c)) => {
             String::from_utf8(v.to_vec()).ok()?
         }
