@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from loadtest.loadgen import Target, _expire, _HttpError, _judge, _raw_request, _RawConn
+from .placement import request_id
 from .workload import Request
 
 CHAT_PATH = "/v1/chat/completions"
@@ -126,7 +127,8 @@ class _Sender:
         chooser, loop = self.chooser, asyncio.get_running_loop()
         i = chooser.choose(req)
         body = orjson.dumps(req.chat_body(self.model))
-        raw = _raw_request(self.targets[i], CHAT_PATH, body)
+        # the request's index as its id: the engines' logs then say which engine served it
+        raw = _raw_request(self.targets[i], CHAT_PATH, body, {"X-Request-Id": request_id(req.index)})
         ts = time.perf_counter()
         conn: _Conn | None = None
         first_seen = False

@@ -7,7 +7,8 @@ slots) and KV size, the ModelRoute's loraAdapters, and per-engine figures for ev
 (requests finished, prefix hits / queries, LoRA loads, and queue length over time), read
 from the simulator, so that a cell routed by a peer can be explained as well as one
 routed by us.
-The greedy reference and `direct` are not defined for these workloads.
+The greedy reference and `direct` are not defined for these workloads; the static group
+partitions (partition.py) are, and only here.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.procs import Proc
-from . import cells, cluster, policies, report
+from . import cells, cluster, partition, placement, policies, report
 from .hard_plots import plot_load
 from .client import Chooser, Result, RunStats, drive_sessions
 from .hard_workloads import HardSpec, HardRequest
@@ -65,15 +66,22 @@ async def run_hard_cell(a: argparse.Namespace, spec: HardSpec, pol: policies.Pol
         admin_url = f"http://127.0.0.1:{admin}"
         engine_urls = [f"http://127.0.0.1:{p}" for p in ports]
         router_admin: str | None = None
+        urls: list[str]
+        chooser = Chooser()
         if pol.kind == "router":
             if sched_yaml is not None:  # the router's deadlines in simulated time
                 sched_yaml = cluster.with_sim_time_traffic(sched_yaml, k)
             url, router_admin = cluster.start_router(
                 logdir, procs, ports, pol, sched_yaml, kv_events_base=ev_base,
                 extra_args=tuple(a.router_arg), lora_adapters=spec.lora_adapters)
+            urls = [url]
+        elif pol.kind == "partition":
+            urls = engine_urls
+            chooser = partition.GroupMap(partition.partition(pol.partition, spec, plan,
+                                                             len(engine_urls)))
         else:
-            url = cluster.start_peer(logdir, procs, ports, pol.peer or "",
-                                     policy=pol.peer_policy)
+            urls = [cluster.start_peer(logdir, procs, ports, pol.peer or "",
+                                       policy=pol.peer_policy)]
         states0 = await asyncio.to_thread(cluster.engine_states, admin_url)
         ttft0 = await asyncio.to_thread(cluster.engine_ttft_totals, engine_urls)
         live = RunStats()
@@ -86,7 +94,7 @@ async def run_hard_cell(a: argparse.Namespace, spec: HardSpec, pol: policies.Pol
         t0 = time.perf_counter()
         run = asyncio.create_task(drive_sessions(
             plan.sessions, [s * k for s in plan.starts],
-            [[t * k for t in th] for th in plan.thinks], [url], Chooser(), cluster.MODEL,
+            [[t * k for t in th] for th in plan.thinks], urls, chooser, cluster.MODEL,
             spec.max_concurrency, a.request_timeout, on_result, live))
         while not run.done():
             await asyncio.wait({run}, timeout=1.0)
@@ -101,6 +109,8 @@ async def run_hard_cell(a: argparse.Namespace, spec: HardSpec, pol: policies.Pol
                       flush=True)
         stats = run.result()
         states1 = await asyncio.to_thread(cluster.engine_states, admin_url)
+        groups = await asyncio.to_thread(placement.read, admin_url,
+                                         {r.index: r.group for r in reqs}, len(engine_urls))
         ttft1 = await asyncio.to_thread(cluster.engine_ttft_totals, engine_urls)
         if router_admin is not None and needs_events:
             kv_fallbacks = await asyncio.to_thread(
@@ -133,6 +143,7 @@ async def run_hard_cell(a: argparse.Namespace, spec: HardSpec, pol: policies.Pol
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "prefix_hits": hits, "prefix_queries": queries, "metrics": metrics,
         "per_engine": per_engine,
+        "group_placement": groups,
         "per_engine_hit_rate": [h / q if q else None for h, q in
                                 zip(per_engine["prefix_hits_total"],
                                     per_engine["prefix_queries_total"])],
@@ -160,11 +171,19 @@ def _cell_line(spec: HardSpec, cell: dict[str, Any]) -> str:
             f"{[int(x) for x in pe['requests_finished_total']]} hit {hr}, lag "
             f"{cell['engine_lag_max_s']:.3f}s, load {cell['load_avg_1m']:.1f}"
             + (f", guard {cell['hot_spot_reorders']:.0f}" if "hot_spot_reorders" in cell else "")
+            + _groups_text(cell["group_placement"])
             + f" -> {verdict}")
 
 
+def _groups_text(g: dict[str, Any]) -> str:
+    if not g.get("requests_seen"):
+        return ", groups not traced"
+    return (f", groups served {g['groups_served']} homed {g['groups_homed']} "
+            f"split {g['groups_split']}")
+
+
 def _refuse(pol: policies.Policy) -> str | None:
-    return None if pol.kind in ("router", "peer") else "not defined for the hard workloads"
+    return None if pol.kind in ("router", "peer", "partition") else "not defined for the hard workloads"
 
 
 async def bench(a: argparse.Namespace, spec: HardSpec, logdir: Path) -> dict[str, Any]:

@@ -24,7 +24,7 @@ GREEDY = "greedy-reference"  # the runner's own lowest-predicted-TTFT chooser (g
 # earlier names, still accepted on the command line
 ALIASES = {"oracle": GREEDY}
 MODEL = "llama-3-8b-sim"  # the served model name of the benchmark's engines
-Kind = Literal["router", "greedy", "direct", "peer"]
+Kind = Literal["router", "greedy", "direct", "peer", "partition"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class Policy:
     router_args: tuple[str, ...] = ()
     peer: str | None = None  # "sglang" | "vllm" | "smg" for kind == "peer"
     peer_policy: str = "cache_aware"  # the peer's --policy
+    partition: str = ""  # kind == "partition": which map (partition.py)
     note: str = ""
     kv_events: bool = False  # engines publish KV events and the router subscribes
     # the file scheduler_yaml was read from: passed as is, so that its relative paths
@@ -118,6 +119,11 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
            kv_events=True, kv_labelled=(0, 1), note="the same, kvEvents off"),
     Policy(GREEDY, "greedy", note="one-step greedy: lowest predicted TTFT (greedy.py)"),
     Policy("direct", "direct", note="client round-robin straight to the engines"),
+    # hard workloads only: each group pinned to one engine, no router (partition.py)
+    Policy("partition-first-seen", "partition", partition="first-seen",
+           note="groups round-robin over the engines in first-seen order"),
+    Policy("partition-hindsight", "partition", partition="hindsight",
+           note="the same counts, swapped to even the burst's requests (reads the future)"),
     Policy("sglang-cache-aware", "peer", peer="sglang"),
     Policy("vllm-router-cache-aware", "peer", peer="vllm"),
     # SMG (PyPI `smg`, the SGLang model gateway) from its own venv (`make peers-smg`),

@@ -310,6 +310,10 @@ def _sum_counter(admin_urls: list[str], name: str) -> float | None:
     return None if any(v is None for v in vals) else sum(v for v in vals if v is not None)
 
 
+def _refuse(pol: policies.Policy) -> str | None:
+    return "defined for the hard workloads only" if pol.kind == "partition" else None
+
+
 def _cell_line(cell: dict[str, Any]) -> str:
     m = cell["metrics"]
     verdict = "ok" if cell["accepted"] else f"REJECTED ({cell['reject_reason']})"
@@ -339,7 +343,8 @@ async def bench(a: argparse.Namespace, logdir: Path) -> dict[str, Any]:
                 cell_dir: Path) -> Awaitable[tuple[dict[str, Any], list[float]]]:
             return run_cell(a, spec, pol, sched, kv_factor, seed, cell_dir)
 
-        _, ttfts = await cells.run_table(a, block, logdir, run, _cell_line, dir_suffix=f"-kv{kv_factor:g}")
+        _, ttfts = await cells.run_table(a, block, logdir, run, _cell_line, dir_suffix=f"-kv{kv_factor:g}",
+                                         refuse=_refuse)
         if ttfts:
             report.plot_ttft(a.out / f"ttft_kv{kv_factor:g}.png", ttfts,
                              f"TTFT, profile {a.profile}, KV x{kv_factor:g}")

@@ -163,3 +163,42 @@ def test_prefix_aware_beats_random_ci(tmp_path: Path) -> None:
     for p in pair:
         check_consistent(s, p)
     assert_prefix_aware_wins(s, AWARE, "random")
+
+
+def test_partition_references_pin_each_group_to_its_engine(tmp_path: Path) -> None:
+    # The static partitions send straight to the engines: each engine serves exactly the
+    # requests of the groups its map gives it (read back from the simulator's counters).
+    from dataclasses import replace
+
+    from loadtest.shared_prefix import partition, runner
+
+    args = ("--profile", "bursts", "--set", "capacity=16", "--set", "num_groups=6",
+            "--time-scale", "2", "--seeds", "1", "--max-lag", "1e9")
+    s = run_runner(tmp_path, *args, "--policies",
+                   "partition-first-seen,partition-hindsight,direct,best", timeout_s=300)
+    assert "hard workloads only" not in json.dumps(s)  # run, not skipped
+    assert s["tables"][0]["rows"]["direct"]["skipped"] == "not defined for the hard workloads"
+    spec = replace(runner.parse_args(["--out", "unused", *args]).hard_spec, seed=1)
+    plan = spec.plan()
+    for name, kind in (("partition-first-seen", partition.FIRST_SEEN),
+                       ("partition-hindsight", partition.HINDSIGHT)):
+        cell = row(s, name)["cells"][0]
+        assert cell["ok"] == cell["requests"] == len(plan.requests)
+        m = partition.partition(kind, spec, plan, 3)
+        want = [sum(1 for r in plan.requests if m[r.group] == e) for e in range(3)]
+        assert cell["per_engine"]["requests_finished_total"] == want, name
+        homed = [sum(1 for g in m.values() if g == e) for e in range(3)]
+        g = cell["group_placement"]
+        assert (g["requests_seen"], g["groups_served"], g["groups_homed"], g["groups_split"]) == (
+            len(plan.requests), homed, homed, 0), name
+        assert {int(k): v.index(max(v)) for k, v in g["per_group"].items()} == m, name
+    # through our router the request ids reach the engines too: every request is traced
+    g = row(s, "best")["cells"][0]["group_placement"]
+    assert g["requests_seen"] == len(plan.requests) and sum(g["groups_homed"]) == 6
+
+
+def test_partitions_are_refused_on_the_shared_prefix_profiles(tmp_path: Path) -> None:
+    s = run_runner(tmp_path, "--profile", "tiny", "--policies", "partition-first-seen,round-robin",
+                   "--seeds", "1", "--max-lag", "1e9", timeout_s=300)
+    assert s["tables"][0]["rows"]["partition-first-seen"]["skipped"] == "defined for the hard workloads only"
+    assert row(s, "round-robin")["seeds_ok"] == 1
