@@ -403,8 +403,10 @@ def test_learned_capacity_follows_a_bigger_engine_upwards(tmp_path: Path) -> Non
     router = _learning_router(tmp_path, port)
     big: harness.Simulator | None = None
     try:
-        t0, samples = _flood_and_watch(router, small.urls[0], clients=8, seconds=4)
-        assert max(s[2] for s in samples if s[0] >= t0 + 2) <= 3  # learned: 2 running + 1
+        # as in the test above: the first scrapes may see a passing queue and overshoot
+        # before two queued scrapes in a row settle the capacity, so judge the last seconds
+        t0, samples = _flood_and_watch(router, small.urls[0], clients=8, seconds=6)
+        assert max(s[2] for s in samples if s[0] >= t0 + 3) <= 3  # learned: 2 running + 1
         small.stop()
         big = harness.start_simulator(tmp_path / "big", engines=1,
                                       extra_args=["--max-num-seqs", "8", "--ports", str(port),
