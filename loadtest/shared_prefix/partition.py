@@ -77,7 +77,7 @@ def window(spec: HardSpec, plan: Plan) -> tuple[float, float]:
     """The simulated seconds whose arrivals the hindsight split evens out: the 2x phase
     of `bursts`, the whole plan otherwise."""
     if isinstance(spec, BurstSpec):
-        lo = sum(d for d, _ in spec.phases[:1])
+        lo = spec.phases[0][0]
         return lo, lo + spec.phases[1][0]
     return 0.0, max(plan.starts, default=0.0) + 1.0
 
