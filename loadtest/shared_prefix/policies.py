@@ -56,15 +56,25 @@ class Policy:
 
 
 def uses_kv_events(scheduler_yaml: str | None) -> bool:
-    """Whether a routerConfiguration enables kvcache-aware (as a Score plugin)."""
+    """Whether a routerConfiguration subscribes to KV events: kvcache-aware listed as a
+    Score plugin, or (the router's automatic exact matching, docs/kv-exact-default.md)
+    prefix-cache scored with kvcache-aware's tokenizers given and `kvEvents.exactMatching`
+    not off."""
     if not scheduler_yaml:
         return False
     doc = yaml.safe_load(scheduler_yaml) or {}
     if isinstance(doc, dict) and "data" in doc:  # the ConfigMap manifest
         doc = yaml.safe_load(doc["data"].get("routerConfiguration", "")) or {}
-    score = (((doc.get("scheduler") or {}).get("plugins") or {}).get("Score") or {})
-    return any((e.get("name") if isinstance(e, dict) else e) == "kvcache-aware"
-               for e in score.get("enabled") or [])
+    sched = doc.get("scheduler") or {}
+    score = ((sched.get("plugins") or {}).get("Score") or {})
+    scored = {(e.get("name") if isinstance(e, dict) else e) for e in score.get("enabled") or []}
+    if "kvcache-aware" in scored:
+        return True
+    args = next((e.get("args") or {} for e in sched.get("pluginConfig") or []
+                 if isinstance(e, dict) and e.get("name") == "kvcache-aware"), {})
+    mode = (doc.get("kvEvents") or {}).get("exactMatching", "auto")
+    return "prefix-cache" in scored and bool(args.get("tokenizers")) \
+        and mode not in ("off", False)
 
 
 def _scorers(*names_weights: tuple[str, int], filters: tuple[str, ...] = ()) -> str:

@@ -14,7 +14,8 @@ would be the machine's, not the policy's. A cell with failed requests is rejecte
 (the reason names the commonest error). Outputs in --out: results.json, results.md,
 ttft_kv<F>.png per KV factor, sweep.png with several factors.
 
-Policies with kvcache-aware get engines started with --kv-events-port-base and Endpoints
+Policies with kvcache-aware (listed, or prefix-cache with kvcache-aware's tokenizers: the
+router's automatic exact matching) get engines started with --kv-events-port-base and Endpoints
 labelled with each engine's event ports (kthena.io/kv-events-port, -replay-port); the cell
 records the router's kvcache-aware fallback count (exact matching working: ~0). Tables run
 in pieces merge with `python -m loadtest.shared_prefix.merge`.
