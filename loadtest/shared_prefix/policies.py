@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-import yaml
 
 # The router CLI's flag for the routerConfiguration file.
 ROUTER_CONFIG_FLAG = "--router-config"
@@ -57,24 +56,17 @@ class Policy:
 
 def uses_kv_events(scheduler_yaml: str | None) -> bool:
     """Whether a routerConfiguration subscribes to KV events: kvcache-aware listed as a
-    Score plugin, or (the router's automatic exact matching, docs/kv-exact-default.md)
-    prefix-cache scored with kvcache-aware's tokenizers given and `kvEvents.exactMatching`
-    not off."""
+    Score plugin, or a prefix-cache pipeline with kvcache-aware's tokenizers (the router's
+    automatic exact matching, docs/kv-exact-default.md). Decided by the router's own parser
+    and rule, not a copy; an invalid configuration raises the router's ConfigError."""
     if not scheduler_yaml:
         return False
-    doc = yaml.safe_load(scheduler_yaml) or {}
-    if isinstance(doc, dict) and "data" in doc:  # the ConfigMap manifest
-        doc = yaml.safe_load(doc["data"].get("routerConfiguration", "")) or {}
-    sched = doc.get("scheduler") or {}
-    score = ((sched.get("plugins") or {}).get("Score") or {})
-    scored = {(e.get("name") if isinstance(e, dict) else e) for e in score.get("enabled") or []}
-    if "kvcache-aware" in scored:
-        return True
-    args = next((e.get("args") or {} for e in sched.get("pluginConfig") or []
-                 if isinstance(e, dict) and e.get("name") == "kvcache-aware"), {})
-    mode = (doc.get("kvEvents") or {}).get("exactMatching", "auto")
-    return "prefix-cache" in scored and bool(args.get("tokenizers")) \
-        and mode not in ("off", False)
+    from kthena_router.scheduling.config import load_router_configuration_bytes
+    from kthena_router.scheduling.exact_auto import auto_exact_args
+
+    rc = load_router_configuration_bytes(scheduler_yaml, "policy configuration")
+    return rc.scheduler.enabled("kvcache-aware") or \
+        auto_exact_args(rc.scheduler, rc.kv_events) is not None
 
 
 def _scorers(*names_weights: tuple[str, int], filters: tuple[str, ...] = ()) -> str:

@@ -57,4 +57,5 @@ def test_kv_events_follow_the_enabled_plugins_not_the_comments() -> None:
     # a configuration that names kvcache-aware in its comments only
     assert not policies.uses_kv_events("# kvcache-aware\nscheduler: {plugins: {Score: "
                                        "{enabled: [{name: prefix-cache, weight: 1}]}}}")
-    assert policies.uses_kv_events("scheduler: {plugins: {Score: {enabled: [kvcache-aware]}}}")
+    assert policies.uses_kv_events("scheduler: {plugins: {Score: {enabled: "
+                                   "[{name: kvcache-aware, weight: 1}]}}}")
