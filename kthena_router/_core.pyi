@@ -346,6 +346,12 @@ class FairQueue:
 def render_prompt(body: bytes, chat: bool) -> bytes | None:
     """scheduling/render.py's render_request(orjson.loads(body), chat) for common shapes; None: Python must render."""
 
+class Rotation:
+    """One round-robin position shared by Python's RoundRobinBalancer and the Rust front."""
+    def __init__(self) -> None: ...
+    def start(self, n: int) -> int:
+        """The first of n endpoints for this request; advances only when n > 1."""
+
 class Front:
     """One worker's Rust front end (`--interface rust`, auto's usual choice, rust/py/src/front/,
     docs/rust-front.md): an HTTP/1.1 server on host:port (SO_REUSEPORT, TCP_NODELAY) on its own
@@ -380,13 +386,14 @@ class Front:
     def install(self, version: int, models: list[tuple[str, list[tuple[int, int]], int, bytes | None, list[int]]],
                 servers: list[tuple[list[str], list[str], int, int, bytes,
                                     tuple[float, float, float, float, float, float, float], int,
-                                    tuple[Scorer, list[int]] | None]],
+                                    tuple[Scorer, list[int]] | None, Rotation | None]],
                 prefix: tuple[PrefixIndex, int, int, bool, bool] | None = None) -> None:
         """The table of models the front decides alone (kthena_router/front/table.py): per model
         (name, [(cumulative weight, server index)], total weight, the JSON upstream model name or
         None, the prefix seed per target), per server (addrs, hosts, retry attempts (< 0: default),
         default retry endpoints, extra header lines, timeouts as in `fast`, max buffered bytes,
-        None or the scheduler's (Scorer, endpoint id per endpoint)); `prefix`: the scheduler's
+        None or the scheduler's (Scorer, endpoint id per endpoint), the round-robin position
+        Python's balancer shares or None); `prefix`: the scheduler's
         index and (block size, max blocks, balance misses, prefill-cost's pending work) when a
         prefix plugin scores. Servers start not calm."""
     def calm(self, version: int, flags: list[bool]) -> None:

@@ -5,15 +5,16 @@ server when too few are usable (panic threshold).
 
 The proxy tries candidates in order (retry before the first byte moves to the next one),
 so the scheduler can replace this by returning a differently ordered list.
-Counters are per worker process.
+Counters are per worker process; the Rust front's own decisions advance the same one
+(`Rotation`, shared at each table install), so the rotation is exact whichever decides.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
+from kthena_router._core import Rotation
 from kthena_router.endpoints.selection import EndpointSelector, T
 
 
@@ -58,7 +59,13 @@ class NoFeedback:
 class RoundRobinBalancer(NoFeedback):
     def __init__(self, selector: EndpointSelector | None = None) -> None:
         self.selector = selector if selector is not None else EndpointSelector()
-        self._counters: dict[Hashable, itertools.count[int]] = {}
+        self._rotations: dict[Hashable, Rotation] = {}
+
+    def rotation(self, key: Hashable) -> Rotation:
+        r = self._rotations.get(key)
+        if r is None:
+            r = self._rotations[key] = Rotation()
+        return r
 
     def candidates(self, key: Hashable, endpoints: Sequence[T], info: Any = None) -> list[T]:
         """Usable endpoints, rotated by one position per call for this key."""
@@ -66,8 +73,5 @@ class RoundRobinBalancer(NoFeedback):
         n = len(healthy)
         if n <= 1:
             return healthy
-        counter = self._counters.get(key)
-        if counter is None:
-            counter = self._counters[key] = itertools.count()
-        start = next(counter) % n
+        start = self.rotation(key).start(n)
         return healthy[start:] + healthy[:start]

@@ -176,6 +176,8 @@ class FrontTable:
         index: dict[Any, int] = {}
         views: dict[Any, Any] = {}
         default_retry = self.fw.settings.default_retry_endpoints
+        balancer = self.fw.executor.balancer
+        rr = balancer if sched is None and type(balancer) is RoundRobinBalancer else None
         for name, is_lora, rule in state.table.first_rules():
             if rule.headers or rule.uri is not None or rule.body_model not in (None, name):
                 continue
@@ -212,7 +214,7 @@ class FrontTable:
                         retry = m.server.retry_attempts
                         servers.append(([a for a, _ in hosts], [h for _, h in hosts], -1 if retry is None else retry,
                                         default_retry, plan.extra_headers, plan.timeouts, plan.max_buffered,
-                                        views.get(key)))
+                                        views.get(key), None if rr is None else rr.rotation(key)))
                     refs.append(index[key])
                 rewrite = None if is_lora or up == name else orjson.dumps(up)
                 # the prefix seed of RequestInfo.model (decide.py): the server's model, else the upstream name

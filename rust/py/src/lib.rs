@@ -9,6 +9,7 @@ mod gil;
 mod kv_ownership;
 mod prefix;
 mod registry;
+mod rotation;
 mod scorer;
 mod splice;
 
@@ -29,6 +30,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kv_ownership::block_hash_key, m)?)?;
     m.add_class::<fairq::FairQueue>()?;
     m.add_class::<front::Front>()?;
+    m.add_class::<rotation::Rotation>()?;
     m.add_function(wrap_pyfunction!(front::render::render_prompt, m)?)?;
     Ok(())
 }

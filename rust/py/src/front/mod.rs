@@ -35,6 +35,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::prefix::{BlockHashes, PrefixIndex};
+use crate::rotation::Rotation;
 use crate::scorer::Scorer;
 use fast::Plan;
 
@@ -388,7 +389,8 @@ impl Front {
     /// model name when it differs from the client's, the prefix seed per target); `servers`:
     /// (addrs, hosts, retry attempts (negative: the default), default retry endpoints, extra
     /// header lines, timeouts as in `fast`, max buffered bytes, None (round-robin) or the
-    /// scheduler's (Scorer, endpoint id per endpoint)); `prefix`: the scheduler's prefix index
+    /// scheduler's (Scorer, endpoint id per endpoint), the round-robin position Python's
+    /// balancer shares (None: the front's own)); `prefix`: the scheduler's prefix index
     /// and (block size, max blocks, balance misses, pending cost), if a prefix plugin scores;
     /// pending cost (prefill-cost): the chosen endpoint's uncached blocks are added to its
     /// pending work, and a stream reports its first event (`drain`'s kind 5). Servers start
@@ -397,10 +399,10 @@ impl Front {
     #[pyo3(signature = (version, models, servers, prefix=None))]
     fn install(&self, version: u64, models: Vec<(String, Vec<(u64, u32)>, u64, Option<Vec<u8>>, Vec<u64>)>,
                servers: Vec<(Vec<String>, Vec<String>, i64, usize, Vec<u8>, (f64, f64, f64, f64, f64, f64, f64), usize,
-                             Option<(Bound<'_, Scorer>, Vec<u32>)>)>,
+                             Option<(Bound<'_, Scorer>, Vec<u32>)>, Option<Bound<'_, Rotation>>)>,
                prefix: Option<(Bound<'_, PrefixIndex>, usize, usize, bool, bool)>) -> PyResult<()> {
         let mut built = Vec::with_capacity(servers.len());
-        for (addrs, hosts, retries, default_retry, extra, t, max_buffered, sched) in servers {
+        for (addrs, hosts, retries, default_retry, extra, t, max_buffered, sched, rotation) in servers {
             if addrs.len() != hosts.len() {
                 return Err(PyValueError::new_err("addrs and hosts: one each per endpoint"));
             }
@@ -421,7 +423,8 @@ impl Front {
                 }
             };
             built.push(table::Server::new(addrs, hosts, (retries >= 0).then_some(retries as usize), default_retry, lines,
-                                          timeouts, max_buffered, sched));
+                                          timeouts, max_buffered, sched,
+                                          rotation.map(|r| r.get().shared()).unwrap_or_default()));
         }
         let mut by_name = HashMap::with_capacity(models.len());
         for (i, (name, targets, total, rewrite, seeds)) in models.into_iter().enumerate() {

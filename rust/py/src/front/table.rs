@@ -69,7 +69,8 @@ pub struct Server {
     pub timeouts: Timeouts,
     pub max_buffered: usize,
     pub sched: Option<Sched>,
-    rr: AtomicUsize,
+    /// The rotation Python's balancer shares for this server (rotation.rs).
+    rr: Arc<AtomicUsize>,
     /// Every endpoint usable and none on trial: the rotation alone is the balancer's choice.
     calm: AtomicBool,
 }
@@ -79,9 +80,8 @@ impl Server {
     pub fn new(addrs: Vec<String>, hosts: Vec<HeaderValue>, retries: Option<usize>, default_retry: usize,
                extra: Vec<(HeaderName, HeaderValue)>,
                timeouts: Timeouts,
-               max_buffered: usize, sched: Option<Sched>) -> Self {
-        Server { addrs, hosts, retries, default_retry, extra, timeouts, max_buffered, sched, rr: AtomicUsize::new(0),
-                 calm: AtomicBool::new(false) }
+               max_buffered: usize, sched: Option<Sched>, rr: Arc<AtomicUsize>) -> Self {
+        Server { addrs, hosts, retries, default_retry, extra, timeouts, max_buffered, sched, rr, calm: AtomicBool::new(false) }
     }
 
     /// Attempts in order over ranked endpoint indices (front/decide.py `_plan` for calm
@@ -111,7 +111,7 @@ impl Server {
     /// as the retry policy allows, cycling (decide.py `_plan`).
     fn order(&self) -> Vec<u32> {
         let n = self.addrs.len();
-        let start = if n <= 1 { 0 } else { self.rr.fetch_add(1, Ordering::Relaxed) % n };
+        let start = crate::rotation::start(&self.rr, n);
         let attempts = match self.retries {
             Some(r) => 1 + r,
             None => self.default_retry.min(n),

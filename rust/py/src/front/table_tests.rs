@@ -72,18 +72,34 @@ fn balanced_misses_come_from_the_index_traffic() {
 #[test]
 fn rotation_and_attempts() {
     let s = Server::new(vec!["a".into(), "b".into(), "c".into()], vec![HeaderValue::from_static("a"); 3], None, 2,
-                        Vec::new(), (Duration::ZERO, None, None, None, None, Duration::ZERO, Duration::ZERO), 0, None);
+                        Vec::new(), (Duration::ZERO, None, None, None, None, Duration::ZERO, Duration::ZERO), 0, None, Default::default());
     assert_eq!(s.order(), [0, 1]);
     assert_eq!(s.order(), [1, 2]);
     assert_eq!(s.order(), [2, 0]);
     let r = Server::new(vec!["a".into()], vec![HeaderValue::from_static("a")], Some(2), 2, Vec::new(),
-                        (Duration::ZERO, None, None, None, None, Duration::ZERO, Duration::ZERO), 0, None);
+                        (Duration::ZERO, None, None, None, None, Duration::ZERO, Duration::ZERO), 0, None, Default::default());
     assert_eq!(r.order(), [0, 0, 0]);
     // ranked attempts: fallbacks appended past the ranking, cycling
     assert_eq!(r.attempts(vec![0]), [0, 0, 0]);
     let f = Server::new(vec!["a".into(), "b".into(), "c".into()], vec![HeaderValue::from_static("a"); 3], Some(3), 2,
-                        Vec::new(), (Duration::ZERO, None, None, None, None, Duration::ZERO, Duration::ZERO), 0, None);
+                        Vec::new(), (Duration::ZERO, None, None, None, None, Duration::ZERO, Duration::ZERO), 0, None, Default::default());
     assert_eq!(f.attempts(vec![2]), [2, 0, 1, 2]);
     assert_eq!(s.attempts(vec![2, 1, 0]), [2, 1]);
     assert_eq!(s.attempts(vec![1]), [1]);
+}
+
+#[test]
+fn rotation_shared_with_python_and_across_installs() {
+    let shared = Arc::new(AtomicUsize::new(0));
+    let make = || Server::new(vec!["a".into(), "b".into()], vec![HeaderValue::from_static("a"); 2], Some(0), 2,
+                              Vec::new(), (Duration::ZERO, None, None, None, None, Duration::ZERO, Duration::ZERO), 0,
+                              None, shared.clone());
+    let first = make();
+    assert_eq!(first.order(), [0]);
+    assert_eq!(crate::rotation::start(&shared, 2), 1); // Python's balancer decided one
+    assert_eq!(first.order(), [0]);
+    let reinstalled = make(); // a reload: the rotation goes on where it was
+    assert_eq!(reinstalled.order(), [1]);
+    assert_eq!(crate::rotation::start(&shared, 1), 0); // no choice: no step
+    assert_eq!(reinstalled.order(), [0]);
 }
