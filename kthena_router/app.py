@@ -211,6 +211,8 @@ def create_app(settings: RouterSettings | None = None) -> RouterApp:
         if reloader is not None:  # a reload may build a new scheduler: bind that one too
             link.bind(reloader.scheduler)
             reloader.on_build = link.bind
+            client = link.client
+            reloader.hub_relays = lambda: client.connected
     debug = DebugServer(settings.runtime_dir, {
         "kv_ownership": lambda: reloader.matcher.debug_view() if reloader is not None and reloader.matcher is not None else None,
         "pd": pd_pairer.debug_view,

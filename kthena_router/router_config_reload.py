@@ -189,6 +189,8 @@ class RouterConfigReloader:
         self.shared_index: SharedIndexSync | None = None
         self._shared_metrics: SharedIndexMetrics | None = None
         self._retired: list[SharedIndexSync] = []
+        # whether the pod-state hub relays this pod's inserts to this worker now (app.py)
+        self.hub_relays: Callable[[], bool] = lambda: False
         worker_status.report_router_config_applied(settings, rc.digest)
 
     @property
@@ -219,7 +221,8 @@ class RouterConfigReloader:
             if self._shared_metrics is None:
                 self._shared_metrics = SharedIndexMetrics(self.metrics.registry)
             targets = InsertTargets(lambda: self.scheduling.scheduler, lambda: self.pd_pairer)
-            self.shared_index = SharedIndexSync(want, targets, self._shared_metrics)
+            self.shared_index = SharedIndexSync(want, targets, self._shared_metrics, self.settings.pod_id.encode(),
+                                                lambda: self.hub_relays())
             self.shared_index.start()
         listeners = self.scheduling.scheduler.insert_listeners
         record = self.shared_index.record if self.shared_index is not None else None

@@ -140,6 +140,10 @@ class RouterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prefix-index inserts once per pod, docs/pod-state.md); "off": every worker on its own."""
     pod_state_socket: str = ""
     """The hub's unix socket; set by the supervisor when it starts a hub (empty: no hub)."""
+    pod_id: str = ""
+    """This router process' random id, shared by its workers; set with `pod_state_socket`.
+    sharedPrefixIndex records carry it, so a worker skips its own pod's records while the
+    hub already relays them (counted once, not twice)."""
     front_socket: str = ""
     """--interface rust: granian's unix socket when <runtime_dir>/granian.sock is too long
     for a unix socket path; set by the supervisor (empty: that default)."""

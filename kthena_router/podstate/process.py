@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ def with_hub_socket(settings: RouterSettings) -> RouterSettings:
     --pod-state auto); unchanged otherwise: one worker keeps everything in-process."""
     if settings.workers < 2 or settings.pod_state != "auto" or not settings.runtime_dir:
         return settings
-    return msgspec.structs.replace(settings, pod_state_socket=settings.socket_in_runtime_dir(SOCKET_NAME))
+    return msgspec.structs.replace(settings, pod_state_socket=settings.socket_in_runtime_dir(SOCKET_NAME),
+                                   pod_id=settings.pod_id or uuid.uuid4().hex[:16])
 
 
 class HubProcess:

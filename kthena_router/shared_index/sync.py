@@ -12,7 +12,10 @@ blocking XREAD on a second connection): about one round trip when quiet.
 Measurements against a per-request MGET: docs/scale-out.md.
 
 Layout in Redis: one stream (`key`). An entry is a batch of one replica's dispatches:
-fields `r` (the publishing worker's id, to skip its own) and `d` (records, each
+fields `r` (the publishing worker's id, to skip its own), `p` (its router process' id,
+with several workers: the pod-state hub relays a pod's records among its workers, so a
+worker connected to the hub skips its own pod's, which it would otherwise count twice in
+balanceMisses' traffic) and `d` (records, each
 `u8 len | endpoint "ip:port" | u32 n | n x u64 chain hashes`, little-endian: the bytes of
 `BlockHashes.to_bytes()`, no Python int per block). The chain hashes are the router's prefix hashes (seeded by model and LoRA: replicas agree without
 coordination) and endpoints are named by address, the same in every replica. Bounded and
@@ -38,6 +41,7 @@ import struct
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
@@ -75,6 +79,9 @@ class SharedIndexMetrics:
                                  registry=registry)
         self.merged = Counter("kthena_router_shared_index_merged_total",
                               "Records of other replicas merged into the local prefix index", registry=registry)
+        self.same_pod = Counter("kthena_router_shared_index_same_pod_total",
+                                "Stream entries of this router's other workers skipped: the pod-state hub relays their records",
+                                registry=registry)
         self.dropped = Counter("kthena_router_shared_index_dropped_total",
                                "Dispatch records dropped unpublished (buffer full while Redis was slow or down)",
                                registry=registry)
@@ -122,11 +129,16 @@ def decode(blob: bytes) -> list[Record]:
 
 class SharedIndexSync:
     def __init__(self, settings: SharedIndexSettings, target: IndexTarget,
-                 metrics: SharedIndexMetrics) -> None:
+                 metrics: SharedIndexMetrics, pod: bytes = b"",
+                 hub_relays: Callable[[], bool] = lambda: False) -> None:
+        """`pod`: the router process' id (RouterSettings.pod_id, empty with one worker);
+        `hub_relays`: whether this worker is connected to the pod-state hub now."""
         self.settings = settings
         self.target = target
         self.metrics = metrics
         self.replica = uuid.uuid4().hex[:16].encode()  # this worker; its own entries are skipped
+        self.pod = pod
+        self.hub_relays = hub_relays
         host, _, port = settings.redis_address.rpartition(":")
         # No client-side retries: an outage costs one timeout per redisRetry, in the background.
         # Two connections: the blocking read holds one, publishing uses the other.
@@ -210,8 +222,10 @@ class SharedIndexSync:
         pipe = self.client.pipeline(transaction=False)
         min_id = f"{max(0, int(time.time() * 1000) - int(s.ttl_s * 1000))}-0"
         for i in range(0, len(batch), RECORDS_PER_ENTRY):
-            pipe.xadd(s.key, {"r": self.replica, "d": encode(batch[i:i + RECORDS_PER_ENTRY])},
-                      minid=min_id, approximate=True)
+            fields = {"r": self.replica, "d": encode(batch[i:i + RECORDS_PER_ENTRY])}
+            if self.pod:
+                fields["p"] = self.pod
+            pipe.xadd(s.key, fields, minid=min_id, approximate=True)
         pipe.xtrim(s.key, maxlen=s.max_entries, approximate=True)
         pipe.pexpire(s.key, int(s.ttl_s * 1000))
         t0 = time.perf_counter()
@@ -262,11 +276,15 @@ class SharedIndexSync:
             return
         oldest = now_ms - int(self.settings.ttl_s * 1000)
         insert = self.target.insert
-        merged = 0
+        merged = same_pod = 0
+        skip_pod = self.pod if self.pod and self.hub_relays() else None
         for entry_id, fields in entries:
             eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
             self.last_id = eid
             if fields.get(b"r") == self.replica or int(eid.split("-", 1)[0]) < oldest:
+                continue
+            if skip_pod is not None and fields.get(b"p") == skip_pod:
+                same_pod += 1
                 continue
             for ep_key, chain in decode(fields.get(b"d", b"")):
                 # endpoints (or PD sides) this replica does not route to are skipped
@@ -274,6 +292,8 @@ class SharedIndexSync:
                     merged += 1
         if merged:
             self.metrics.merged.inc(merged)
+        if same_pod:
+            self.metrics.same_pod.inc(same_pod)
 
     def _ok(self) -> None:
         if self.down_until:

@@ -164,3 +164,34 @@ def test_reload_moves_the_sync_to_a_new_key_and_a_removal_stops_it(setup, tmp_pa
     assert engines(sim, "a4") == engines(sim, "a3")  # local affinity
     assert {k: _stream_len(redis, k) for k in before} == before
     assert a.stop() == 0  # a clean, prompt shutdown after the sync was stopped
+
+
+def test_a_routers_workers_count_each_others_dispatches_once(tmp_path: Path) -> None:
+    """Several workers: the pod-state hub relays a worker's inserts to its siblings, so they
+    skip the same records coming back from Redis (which balanceMisses' traffic counters
+    would count twice); another router still merges them."""
+    redis = redis_harness.start_redis(tmp_path)
+    sim = harness.start_simulator(tmp_path, engines=3, fast=True, extra_args=["--fast-ttft-ms", "300"])
+    config = harness.write_config(tmp_path / "config.yaml", harness.engine_config(sim.ports))
+    sched = harness.write_config(tmp_path / "sched.yaml", SCHED.format(address=redis.address))
+    routers: list[harness.Router] = []
+    try:
+        for workers in (2, 1):
+            routers.append(harness.start_router(config, tmp_path, workers=workers,
+                                                extra_args=["--router-config", str(sched)]))
+        a, b = routers
+        harness.wait_until(lambda: all(w["mode"] == "hub" for w in a.admin_get("/debug/pod_state").json()["workers"]),
+                           30, what="A's workers on the hub")
+        send(a, "w", "a", together=True)
+        harness.wait_until(lambda: metric(b, "kthena_router_shared_index_merged_total") >= GROUPS, 30,
+                           what="B merged A's dispatches")
+        harness.wait_until(lambda: metric(a, "kthena_router_shared_index_same_pod_total") >= 1, 30,
+                           what="A's workers skipped each other's entries")
+        applied = sum(w["inserts_applied"] for w in a.admin_get("/debug/pod_state").json()["workers"])
+        assert applied >= GROUPS  # each dispatch reached the other worker once, from the hub
+        assert metric(a, "kthena_router_shared_index_merged_total") == 0
+    finally:
+        for r in routers:
+            r.stop()
+        sim.stop()
+        redis.stop()

@@ -87,3 +87,41 @@ def test_a_round_takes_each_chain_once_per_endpoint_as_bytes() -> None:
     assert sync._take() == [("10.0.0.1:80", a.to_bytes()), ("10.0.0.1:80", b.to_bytes()),
                             ("10.0.0.2:80", a.to_bytes())]
     assert not sync.pending
+
+
+class _Target:
+    def __init__(self) -> None:
+        self.got: list[str] = []
+
+    def insert(self, key: str, hashes: BlockHashes) -> bool:
+        self.got.append(key)
+        return True
+
+
+def test_own_pods_entries_are_skipped_only_while_the_hub_relays_them() -> None:
+    relays = [True]
+    target = _Target()
+    metrics = SharedIndexMetrics(CollectorRegistry())
+    sync = SharedIndexSync(SharedIndexSettings("127.0.0.1:1"), target, metrics, b"pod-a", lambda: relays[0])
+    chain = prefix_hashes(b"a" * 640, 64, 7, 128).to_bytes()
+    now = 10_000_000
+
+    def entry(n: int, worker: bytes, pod: bytes | None) -> tuple[bytes, dict[bytes, bytes]]:
+        fields = {b"r": worker, b"d": encode([(f"10.0.0.{n}:80", chain)])}
+        if pod is not None:
+            fields[b"p"] = pod
+        return f"{now}-{n}".encode(), fields
+
+    entries = [entry(1, b"sibling", b"pod-a"), entry(2, b"other", b"pod-b"), entry(3, b"old-router", None),
+               entry(4, sync.replica, b"pod-a")]
+    sync._merge(entries, now)
+    assert target.got == ["10.0.0.2:80", "10.0.0.3:80"]  # the sibling's came from the hub; its own never
+    assert metrics.same_pod._value.get() == 1
+    relays[0] = False  # hub down: the sibling's records reach this worker only through Redis
+    target.got.clear()
+    sync._merge(entries, now)
+    assert target.got == ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"]
+    one = SharedIndexSync(SharedIndexSettings("127.0.0.1:1"), target, metrics)  # one worker: no pod id
+    target.got.clear()
+    one._merge(entries, now)
+    assert target.got == ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80"]
