@@ -158,6 +158,14 @@ class Scorer:
     def add_lora_in_flight(self, endpoint: int, lora_id: int, delta: int) -> None:
         """A request for adapter `lora_id` dispatched to (+1) or finished on (-1) `endpoint`
         (lora-affinity's view of the adapters in the engine's batch)."""
+    def add_remote_lora_in_flight(self, endpoint: int, lora_id: int, delta: int) -> None:
+        """The pod's other workers' requests for adapter `lora_id` dispatched to (+) or finished
+        on (-) `endpoint` (relayed by the pod-state hub; counted in lora-affinity's batch view)."""
+    def retain_remote_loras(self, endpoint: int, lora_ids: list[int]) -> None:
+        """Drop the relayed adapters of `endpoint` its engine no longer lists (running or
+        waiting at the last scrape): a completion the relay lost must not hold a slot."""
+    def clear_remote_loras(self) -> None:
+        """Forget every relayed adapter count (the hub connection changed)."""
     def add_remote_in_flight(self, endpoint: int, delta: int) -> None:
         """The pod's other workers dispatched (+) / finished (-) there since the last scrape
         (relayed by the pod-state hub); part of the load until the next update_metrics."""

@@ -67,12 +67,16 @@ class PodStateClient:
         self._buf += wire.encode_insert(key, hashes)
         self._schedule_flush()
 
-    def send_flight(self, key: str, delta: int) -> None:
-        """Queue an attempt's start (+1) or end (-1) on endpoint `key` for the hub."""
+    def send_flight(self, key: str, delta: int, lora: str = "") -> None:
+        """Queue an attempt's start (+1) or end (-1) on endpoint `key` (for adapter `lora`:
+        counted for it too) for the hub."""
         if self._writer is None:
             return
         flight = self._flight
         flight[key] = flight.get(key, 0) + delta
+        if lora:
+            k = wire.flight_key(key, lora)
+            flight[k] = flight.get(k, 0) + delta
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:

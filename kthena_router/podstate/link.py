@@ -7,7 +7,8 @@ scraper and prober would have put it, and the scheduler's inserts go out.
 - inserts of other workers: this worker's live scheduler index (endpoint key -> its id),
   or a PD side's (records named by side, scheduling/insert_scopes.py);
 - in-flight changes of other workers: the live scheduler's Scorers, counted in the load
-  until the next scrape (PD sides' Scorers count their own worker's only).
+  until the next scrape, and per LoRA adapter in lora-affinity's batch view (PD sides'
+  Scorers count their own worker's only).
 While connected the worker's own scraper and prober idle (their tasks keep ticking but
 send nothing); when the hub is gone they work again, from the state the hub left.
 """
@@ -180,7 +181,8 @@ class PodStateLink:
         sched = self.scheduler()
         if sched is not None:
             for key, delta in deltas:
-                sched.remote_in_flight(key, delta)
+                ep_key, lora = wire.split_flight_key(key)
+                sched.remote_in_flight(ep_key, delta, lora)
 
     def _matcher(self) -> Any:
         sched = self.scheduler()
@@ -193,6 +195,9 @@ class PodStateLink:
 
     def _mode(self, connected: bool) -> None:
         self._mode_known = True
+        sched = self.scheduler()
+        if sched is not None:  # a new hub session: the siblings' adapter counts start again
+            sched.clear_remote_loras()
         matcher = self._matcher()
         if matcher is not None and isinstance(matcher.subscribers, SharedKvSubscribers):
             matcher.subscribers.set_remote(connected)

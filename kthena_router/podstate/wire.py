@@ -155,8 +155,23 @@ def decode_kv(b: bytes) -> list[KvOp]:
     return _kv_dec.decode(b)
 
 
+LORA_SEP = "\x01"  # in a FLIGHT key: never in an endpoint key
+
+
+def flight_key(ep_key: str, lora: str = "") -> str:
+    """A FLIGHT entry's key: the endpoint's, or with `lora` the endpoint's attempts for that
+    adapter (counted besides the endpoint's total, which has its own entry)."""
+    return f"{ep_key}{LORA_SEP}{lora}" if lora else ep_key
+
+
+def split_flight_key(key: str) -> tuple[str, str]:
+    """(endpoint key, LoRA adapter or "")."""
+    ep_key, _, lora = key.partition(LORA_SEP)
+    return ep_key, lora
+
+
 def encode_flight(deltas: Iterable[tuple[str, int]]) -> bytes:
-    """FLIGHT: (endpoint key, attempts started minus ended there) since the last frame."""
+    """FLIGHT: (`flight_key`, attempts started minus ended there) since the last frame."""
     return _enc.encode(list(deltas))
 
 

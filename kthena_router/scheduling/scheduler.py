@@ -137,8 +137,8 @@ class Scheduler:
         # every dispatch-time insert, by listener name ("pod-state", "shared-index"): each
         # buffers or queues it, none does I/O here
         self.insert_listeners: dict[str, Callable[[str, BlockHashes], None]] = {}
-        # (endpoint key, +1 / -1) per attempt started / ended: the pod-state hub's relay
-        self.flight_listener: Callable[[str, int], None] | None = None
+        # (endpoint key, +1 / -1, LoRA adapter or "") per attempt started / ended: the hub's relay
+        self.flight_listener: Callable[[str, int, str], None] | None = None
 
     # --- configuration / endpoint set ----------------------------------------------------
     async def prepare(self, info: RequestInfo) -> None:
@@ -356,12 +356,13 @@ class Scheduler:
         scorers = self._scorers_of.get(ep.key, ())
         for scorer in scorers:
             scorer.add_in_flight(ep_id, 1)
-        if info is not None and info.lora:
-            lid = self._lora_id(info.lora)
+        lora = info.lora if info is not None and info.lora else ""
+        if lora:
+            lid = self._lora_id(lora)
             for scorer in scorers:
                 scorer.add_lora_in_flight(ep_id, lid, 1)
         if self.flight_listener is not None:
-            self.flight_listener(ep.key, 1)
+            self.flight_listener(ep.key, 1, lora)
         if self.learn_cost and info is not None and info.matched is not None and info.matched[0] is self:
             _, matched, total = info.matched
             blocks = float(total - matched.get(ep_id, 0))
@@ -428,7 +429,7 @@ class Scheduler:
             if counted:
                 info.pending = (self, scorers, ep_id, pending)
             if self.flight_listener is not None:
-                self.flight_listener(ep.key, 1)
+                self.flight_listener(ep.key, 1, "")  # the front decides base-model requests only
             hashes = info.hashes
             if hashes is not None and len(hashes):
                 if self._kv_dispatched is not None:
@@ -464,14 +465,24 @@ class Scheduler:
                 scorer.observe_latency(ep_id, _NAN if ttft_s is None else ttft_s,
                                        _NAN if tpot_s is None else tpot_s)
         if self.flight_listener is not None:
-            self.flight_listener(ep.key, -1)
+            self.flight_listener(ep.key, -1, info.lora if info is not None and info.lora else "")
 
-    def remote_in_flight(self, ep_key: str, delta: int) -> None:
-        """The pod's other workers started (+) / ended (-) `delta` attempts on `ep_key`."""
+    def remote_in_flight(self, ep_key: str, delta: int, lora: str = "") -> None:
+        """The pod's other workers started (+) / ended (-) `delta` attempts on `ep_key`
+        (with `lora`: their attempts for that adapter, lora-affinity's batch view)."""
         ep_id = self._ids.get(ep_key)
-        if ep_id is not None:
-            for scorer in self._scorers_of.get(ep_key, ()):
+        if ep_id is None:
+            return
+        for scorer in self._scorers_of.get(ep_key, ()):
+            if lora:
+                scorer.add_remote_lora_in_flight(ep_id, self._lora_id(lora), delta)
+            else:
                 scorer.add_remote_in_flight(ep_id, delta)
+
+    def clear_remote_loras(self) -> None:
+        """The hub connection changed: relayed adapter counts have no history to follow."""
+        for view in self._views.values():
+            view.scorer.clear_remote_loras()
 
     # --- engine state ----------------------------------------------------------------------
     def on_snapshot(self, snap: EndpointSnapshot) -> None:
@@ -504,6 +515,9 @@ class Scheduler:
             loras = tuple(set(snap.last_running_loras) | set(snap.last_waiting_loras or ()))
         if loras is not None:
             scorer.set_loras(ep_id, [self._lora_id(n) for n in loras], snap.last_max_lora or 0)
+        if not snap.stale and snap.last_running_loras is not None:  # what the engine runs or queues
+            listed = set(snap.last_running_loras) | set(snap.last_waiting_loras or ())
+            scorer.retain_remote_loras(ep_id, [self._lora_id(n) for n in listed])
 
     def observe_prompt_tokens(self, info: RequestInfo, prompt_tokens: int) -> None:
         """The engine's prompt size for a request whose prompt we hashed: learn bytes per
@@ -565,9 +579,9 @@ class Scheduler:
                 sig = view.scorer.signals(ep_id)
                 if sig is not None:
                     eps[ep.key] = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                                   for k, v in sig.items() if k not in ("loras", "lora_in_flight")}
-                    eps[ep.key]["lora_in_flight"] = {lora_names.get(i, str(i)): n
-                                                     for i, n in sig["lora_in_flight"]}
+                                   for k, v in sig.items() if k not in ("loras", "lora_in_flight", "lora_remote")}
+                    for k in ("lora_in_flight", "lora_remote"):
+                        eps[ep.key][k] = {lora_names.get(i, str(i)): n for i, n in sig[k]}
             servers[view.label] = eps
         return {"servers": servers}
 

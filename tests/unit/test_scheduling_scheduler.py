@@ -151,6 +151,39 @@ def test_lora_requests_join_their_adapters_batch_while_it_has_room():
     assert [e["lora_in_flight"] for e in next(iter(view.values())).values()] == [{"c": 1}, {}, {}]
 
 
+def test_a_sibling_workers_adapters_fill_the_batch_through_the_relay():
+    # two workers of one pod: what A's flight listener emits reaches B as the hub relays it
+    (a, _), (b, _) = sched(cfg("lora-affinity")), sched(cfg("lora-affinity"))
+    eps = endpoints(2)
+    for s in (a, b):
+        s.sync({KEY: eps})
+        for ep in eps:
+            s.on_snapshot(snap(ep, loras=("x", "y", "z"), max_lora=2))
+    sent: list[tuple[str, int, str]] = []
+    a.flight_listener = lambda key, delta, lora: sent.append((key, delta, lora))
+    x, y = chat("x0", "q", lora="x"), chat("y0", "q", lora="y")
+    a.dispatched(eps[0], x)
+    a.dispatched(eps[0], y)  # eps[0]'s batch is full, but only A has seen it
+    for key, delta, lora in sent:
+        b.remote_in_flight(key, delta, lora)
+    for i in range(10):
+        assert b.candidates(KEY, eps, chat(f"z{i}", "q", lora="z"))[0] is eps[1]
+    ep0 = next(iter(b.debug_view()["servers"].values()))[eps[0].key]
+    assert (ep0["lora_in_flight"], ep0["lora_remote"]) == ({}, {"x": 1, "y": 1})
+    sent.clear()
+    a.finished(eps[0], info=x)
+    a.finished(eps[0], info=y)
+    for key, delta, lora in sent:
+        b.remote_in_flight(key, delta, lora)
+    assert next(iter(b.debug_view()["servers"].values()))[eps[0].key]["lora_remote"] == {}
+    a.dispatched(eps[0], x)  # a completion the relay loses is dropped once the engine stops listing it
+    b.remote_in_flight(eps[0].key, 1, "x")
+    b.on_snapshot(EndpointSnapshot(eps[0].key, "vllm", 1.0, 1.0, False, 0, None, last_running=0, last_waiting=0,
+                                   last_kv_usage=0.1, last_loaded_loras=("x", "y", "z"), last_max_lora=2,
+                                   last_running_loras=(), last_waiting_loras=()))
+    assert next(iter(b.debug_view()["servers"].values()))[eps[0].key]["lora_remote"] == {}
+
+
 def test_removed_endpoints_are_purged_and_capacity_follows_kv():
     s, _ = sched(cfg("prefix-cache"))
     eps = endpoints(3)

@@ -57,6 +57,9 @@ pub struct Signals {
     /// (adapter id, requests this router has in flight there with it): the adapters the
     /// engine's batch holds now, which a scrape sees only once per period.
     pub lora_in_flight: Vec<(u32, u32)>,
+    /// The same for the pod's other workers (relayed by the pod-state hub); adapters the
+    /// engine's last scrape does not list are dropped (`retain_remote_loras`).
+    pub lora_remote: Vec<(u32, u32)>,
 }
 
 impl Signals {
@@ -77,15 +80,21 @@ impl Signals {
             loras: Vec::new(),
             max_loras: 0,
             lora_in_flight: Vec::new(),
+            lora_remote: Vec::new(),
         }
     }
 
-    /// Requests of adapter `lora` this router has in flight here.
+    /// Requests of adapter `lora` this router (this worker and, relayed, the pod's others)
+    /// has in flight here.
     pub fn lora_in_flight_of(&self, lora: u32) -> u32 {
-        self.lora_in_flight
-            .iter()
-            .find(|(l, _)| *l == lora)
-            .map_or(0, |&(_, n)| n)
+        let of = |v: &[(u32, u32)]| v.iter().find(|(l, _)| *l == lora).map_or(0, |&(_, n)| n);
+        of(&self.lora_in_flight).saturating_add(of(&self.lora_remote))
+    }
+
+    /// Distinct adapters in flight here (this worker's and the pod's other workers').
+    pub fn lora_active(&self) -> usize {
+        let own = &self.lora_in_flight;
+        own.len() + self.lora_remote.iter().filter(|(l, _)| !own.iter().any(|(o, _)| o == l)).count()
     }
 
     /// Estimated requests on the engine: running + waiting at the scrape, plus what this
@@ -343,20 +352,24 @@ impl Scorer {
 
     /// Dispatch (+1) or completion (-1) of a request for adapter `lora` on `id`.
     pub fn add_lora_in_flight(&mut self, id: u32, lora: u32, delta: i64) {
-        let v = &mut self.sig_mut(id).lora_in_flight;
-        let i = match v.iter().position(|(l, _)| *l == lora) {
-            Some(i) => i,
-            None if delta > 0 => {
-                v.push((lora, 0));
-                v.len() - 1
-            }
-            None => return,
-        };
-        let n = (i64::from(v[i].1) + delta).clamp(0, i64::from(u32::MAX)) as u32;
-        if n == 0 {
-            v.swap_remove(i);
-        } else {
-            v[i].1 = n;
+        bump(&mut self.sig_mut(id).lora_in_flight, lora, delta);
+    }
+
+    /// The pod's other workers' dispatches (+) and completions (-) for adapter `lora` on `id`.
+    pub fn add_remote_lora_in_flight(&mut self, id: u32, lora: u32, delta: i64) {
+        bump(&mut self.sig_mut(id).lora_remote, lora, delta);
+    }
+
+    /// Keep the relayed adapters of `id` that the engine reports running or waiting: a
+    /// completion the relay lost (a worker gone mid-request) must not hold a slot forever.
+    pub fn retain_remote_loras(&mut self, id: u32, listed: &[u32]) {
+        self.sig_mut(id).lora_remote.retain(|(l, _)| listed.contains(l));
+    }
+
+    /// Forget every relayed adapter count (the hub connection changed: no history).
+    pub fn clear_remote_loras(&mut self) {
+        for e in self.eps.iter_mut() {
+            e.lora_remote.clear();
         }
     }
 
@@ -540,6 +553,25 @@ impl Scorer {
                 .take(k)
                 .map(|&(_, _, s)| self.eps[s as usize].id),
         );
+    }
+}
+
+
+/// Adds `delta` to adapter `lora`'s count in `v`, floored at 0; a count of 0 is removed.
+fn bump(v: &mut Vec<(u32, u32)>, lora: u32, delta: i64) {
+    let i = match v.iter().position(|(l, _)| *l == lora) {
+        Some(i) => i,
+        None if delta > 0 => {
+            v.push((lora, 0));
+            v.len() - 1
+        }
+        None => return,
+    };
+    let n = (i64::from(v[i].1) + delta).clamp(0, i64::from(u32::MAX)) as u32;
+    if n == 0 {
+        v.swap_remove(i);
+    } else {
+        v[i].1 = n;
     }
 }
 

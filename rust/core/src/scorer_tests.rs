@@ -257,3 +257,23 @@ fn all_plugins_large_pool_is_a_permutation() {
     v.sort_unstable();
     assert_eq!(v, (0..1000).collect::<Vec<_>>());
 }
+
+#[test]
+fn relayed_adapter_counts_are_kept_apart_reconciled_and_cleared() {
+    let mut s = Scorer::new(&ScorerConfig::default()).unwrap();
+    s.add_endpoint(1);
+    s.add_endpoint(2);
+    s.add_lora_in_flight(1, 7, 1);
+    s.add_remote_lora_in_flight(1, 7, 2);
+    s.add_remote_lora_in_flight(1, 8, 1);
+    s.add_remote_lora_in_flight(2, 8, 1);
+    s.add_remote_lora_in_flight(1, 9, -1); // a completion without its start: ignored
+    let e = s.signals(1).unwrap();
+    assert_eq!((e.lora_in_flight.clone(), e.lora_in_flight_of(7), e.lora_active()), (vec![(7, 1)], 3, 2));
+    s.add_lora_in_flight(1, 7, -1); // our own ended: the siblings' stay
+    assert_eq!(s.signals(1).unwrap().lora_in_flight_of(7), 2);
+    s.retain_remote_loras(1, &[7]); // the engine no longer lists 8: a lost completion
+    assert_eq!(s.signals(1).unwrap().lora_remote, vec![(7, 2)]);
+    s.clear_remote_loras();
+    assert!(s.signals(1).unwrap().lora_remote.is_empty() && s.signals(2).unwrap().lora_remote.is_empty());
+}

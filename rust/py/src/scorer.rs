@@ -145,6 +145,22 @@ impl Scorer {
         self.lock().add_lora_in_flight(endpoint, lora_id, delta);
     }
 
+    /// The pod's other workers' requests for adapter `lora_id` dispatched to (+) or finished
+    /// on (-) `endpoint` (relayed by the pod-state hub).
+    fn add_remote_lora_in_flight(&mut self, endpoint: u32, lora_id: u32, delta: i64) {
+        self.lock().add_remote_lora_in_flight(endpoint, lora_id, delta);
+    }
+
+    /// Drop the relayed adapters of `endpoint` that its engine no longer lists.
+    fn retain_remote_loras(&mut self, endpoint: u32, lora_ids: Vec<u32>) {
+        self.lock().retain_remote_loras(endpoint, &lora_ids);
+    }
+
+    /// Forget every relayed adapter count.
+    fn clear_remote_loras(&mut self) {
+        self.lock().clear_remote_loras();
+    }
+
     /// The pod's other workers dispatched (+) or finished (-) `delta` attempts on
     /// `endpoint` since the last scrape (relayed by the pod-state hub).
     fn add_remote_in_flight(&mut self, endpoint: u32, delta: i64) {
@@ -184,6 +200,7 @@ impl Scorer {
         d.set_item("loras", s.loras.clone())?;
         d.set_item("max_loras", s.max_loras)?;
         d.set_item("lora_in_flight", s.lora_in_flight.clone())?;
+        d.set_item("lora_remote", s.lora_remote.clone())?;
         d.set_item("load", s.load())?;
         Ok(Some(d))
     }

@@ -9,8 +9,9 @@
 //! `max_loras` its batch holds at once (vLLM's --max-cpu-loras): a request whose adapter
 //! would be one too many in the batch waits for another adapter's requests to drain.
 //! Among endpoints that have the adapter, and whose `max_loras` is known, the score
-//! follows the adapters this router has in flight there: the adapter already in the
-//! batch 1, a free slot 0.75, a full batch 0.25 (in flight but over-subscribed: 0.5).
+//! follows the adapters this router has in flight there (this worker's and, relayed by
+//! the pod-state hub, its sibling workers'): the adapter already in the batch 1, a free
+//! slot 0.75, a full batch 0.25 (in flight but over-subscribed: 0.5).
 
 use super::{Args, Ctx, Policy, PolicyInfo};
 use crate::scorer::Signals;
@@ -67,7 +68,7 @@ fn slot_score(e: &Signals, l: u32) -> f64 {
     if e.max_loras == 0 {
         return 1.0; // batch size unknown
     }
-    let active = e.lora_in_flight.len() as u64;
+    let active = e.lora_active() as u64;
     let max = u64::from(e.max_loras);
     match (e.lora_in_flight_of(l) > 0, active <= max) {
         (true, true) => 1.0,
@@ -116,5 +117,22 @@ mod tests {
         assert_eq!(run(&*p, &eps, &[], Some(1), 0), [1.0, 0.75, 0.25, 0.5, 1.0]);
         assert_eq!(run(&*p, &eps, &[], None, 0), [1.0; 5]);
         assert_eq!(filter(&*p, &eps, Some(1)), vec![0, 1, 2, 3, 4]); // the filter keeps registration
+    }
+
+    #[test]
+    fn sibling_workers_adapters_count_in_the_batch() {
+        let mut eps: Vec<_> = (0..3).map(sig).collect();
+        for e in &mut eps {
+            e.loras = vec![1, 2, 3, 4];
+            e.max_loras = 2;
+        }
+        eps[0].lora_remote = vec![(1, 1)]; // another worker's request: adapter 1 in the batch
+        eps[1].lora_in_flight = vec![(2, 1)];
+        eps[1].lora_remote = vec![(3, 1)]; // full between the two workers
+        eps[2].lora_in_flight = vec![(2, 1)];
+        eps[2].lora_remote = vec![(2, 4)]; // the same adapter: one slot, one free
+        let p = make("lora-affinity", &[]);
+        assert_eq!(run(&*p, &eps, &[], Some(1), 0), [1.0, 0.25, 0.75]);
+        assert_eq!(eps[2].lora_in_flight_of(2), 5);
     }
 }
