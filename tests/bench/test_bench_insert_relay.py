@@ -8,18 +8,19 @@ themselves. Run with --benchmark-only."""
 from __future__ import annotations
 
 import time
-from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from kthena_router._core import BlockHashes, PrefixIndex, prefix_hashes
 from kthena_router.podstate import wire
 from kthena_router.podstate.client import PodStateClient
 from kthena_router.podstate.link import PodStateLink
 from kthena_router.scheduling.insert_scopes import InsertTargets
-from kthena_router.shared_index.sync import SharedIndexSync, encode
+from kthena_router.shared_index.config import SharedIndexSettings
+from kthena_router.shared_index.sync import SharedIndexMetrics, SharedIndexSync, encode
 
 BLOCKS = {"64blk": 64, "1024blk": 1024}
 BS = 64
@@ -65,13 +66,10 @@ def test_bench_pod_state_apply_inserts(benchmark, blocks):
 
 
 def _sync(target: Any) -> SharedIndexSync:
-    sync = SharedIndexSync.__new__(SharedIndexSync)
-    sync.pending = deque(maxlen=10_000)
-    sync.metrics = SimpleNamespace(dropped=None, merged=SimpleNamespace(inc=lambda n: None))
-    sync.settings = SimpleNamespace(ttl_s=3600.0)
-    sync.replica = b"this"
-    sync.target = InsertTargets(lambda: target)
-    return sync
+    # the real object (its Redis client connects only when used), with a pod id: the merge
+    # then checks each entry's pod as a worker on the hub does
+    return SharedIndexSync(SharedIndexSettings("127.0.0.1:1", ttl_s=3600.0), InsertTargets(lambda: target),
+                           SharedIndexMetrics(CollectorRegistry()), b"this-pod", lambda: True)
 
 
 @pytest.mark.parametrize("blocks", list(BLOCKS.values()), ids=list(BLOCKS))
@@ -93,6 +91,6 @@ def test_bench_shared_index_merge(benchmark, blocks):
     target, chains = _target(), _chains(blocks)
     sync = _sync(target)
     sync.pending.extend(zip(KEYS, chains))
-    entry = (f"{int(time.time() * 1000)}-0".encode(), {b"r": b"other", b"d": encode(sync._take())})
+    entry = (f"{int(time.time() * 1000)}-0".encode(), {b"r": b"other", b"p": b"other-pod", b"d": encode(sync._take())})
     benchmark(sync._merge, [entry], int(time.time() * 1000))
     assert target.index.endpoint_len(RECORDS - 1) == blocks
