@@ -7,7 +7,8 @@ in-flight requests and streams run to their end, closes idle keep-alive connecti
 runs the ASGI lifespan shutdown and exits. Granian kills a worker still alive after
 `workers_kill_timeout`. So we only add: /readyz fails at the signal (our handler runs
 before granian's), and the kill timeout is the drain grace period. A second signal
-during the drain kills the workers at once.
+during the drain kills the workers at once. The handlers themselves only queue the
+signal (stop_signals.py says why).
 
 TCP_NODELAY: granian sets it on the listening socket; Linux copies it to every accepted
 socket (checked with getsockopt on the accepted sockets, see tests/integration/
@@ -35,6 +36,7 @@ from kthena_router import worker_status
 from kthena_router.config.model import RouterConfig
 from kthena_router.front.choice import resolve_interface
 from kthena_router.settings import FRONT_SOCKET_NAME, PROMETHEUS_SUBDIR, SHORT_SOCKET_DIR_PREFIX, RouterSettings
+from kthena_router.stop_signals import StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -197,27 +199,35 @@ class Supervisor:
             self.hub = HubProcess(settings, logging_config(settings.log_level))
             self.hub.start()
 
-        supervisor = self
+        server: Any = None
+
+        def begin_drain() -> None:
+            view.begin_drain()
+            self._write_drain_marker()
+            if self.hub is not None:
+                self.hub.no_restart()
+            log.warning("stop signal: draining (readyz fails, in-flight requests get %.0fs)",
+                        settings.drain_grace_s)
+
+        def kill_workers() -> None:
+            log.warning("second stop signal: killing workers now")
+            for wrk in list(server.wrks):
+                try:
+                    wrk.kill()
+                except Exception:  # already gone
+                    pass
+
+        signals = StopSignals(
+            on_first=begin_drain, on_second=kill_workers,
+            wake_for_stop=lambda: Server.signal_handler_interrupt(server),
+            wake_for_reload=lambda: Server.signal_handler_reload(server),
+            worker_pids=self.worker_pids,
+        )
 
         class RouterServer(Server):  # type: ignore[misc, valid-type]
-            def signal_handler_interrupt(self, *args: Any, **kwargs: Any) -> None:
-                if view.draining:
-                    log.warning("second stop signal: killing workers now")
-                    for wrk in list(self.wrks):
-                        try:
-                            wrk.kill()
-                        except Exception:  # already gone
-                            pass
-                else:
-                    view.begin_drain()
-                    supervisor._write_drain_marker()
-                    if supervisor.hub is not None:
-                        supervisor.hub.no_restart()
-                    log.warning(
-                        "stop signal: draining (readyz fails, in-flight requests get %.0fs)",
-                        settings.drain_grace_s,
-                    )
-                super().signal_handler_interrupt(*args, **kwargs)
+            # granian installs these two with signal.signal in its main thread.
+            signal_handler_interrupt = staticmethod(signals.handler)
+            signal_handler_reload = staticmethod(signals.reload_handler)
 
         bind: dict[str, Any] = {"address": settings.host, "port": settings.port}
         if settings.interface == "rust":  # the workers' Rust front ends bind host:port (docs/rust-front.md)
@@ -244,6 +254,7 @@ class Supervisor:
             process_name=_process_name(settings),
         )
         self._server = server
+        signals.start()
         reaper = threading.Thread(target=self._reap_loop, name="kthena-reaper", daemon=True)
         reaper.start()
         code = 0
@@ -253,6 +264,7 @@ class Supervisor:
             code = exc.code if isinstance(exc.code, int) else 1
         finally:
             self._stop.set()
+            signals.close()
             if self.kube is not None:
                 self.kube.stop()
             reaper.join(timeout=5)
