@@ -5,7 +5,7 @@
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
@@ -20,26 +20,55 @@ use super::Shared;
 
 const MAX_IDLE: usize = 64;
 
-#[derive(Default)]
-pub struct UdsPool {
-    idle: Mutex<Vec<SendRequest<ReqBody>>>,
+/// granian (hyper) closes a kept-alive connection that has sent no request for its header
+/// read timeout (30 s by default): one taken from the pool near that moment can be closed
+/// while the request is written, which no retry can undo once the body is streamed. So a
+/// connection idle for longer than this is dropped instead of reused.
+const MAX_IDLE_AGE: Duration = Duration::from_secs(15);
+
+pub struct Pool<T> {
+    idle: Mutex<Vec<(T, Instant)>>,
+    max_age: Duration,
 }
 
-impl UdsPool {
-    fn take(&self) -> Option<SendRequest<ReqBody>> {
+pub type UdsPool = Pool<SendRequest<ReqBody>>;
+
+impl<T> Default for Pool<T> {
+    fn default() -> Self {
+        Pool { idle: Mutex::new(Vec::new()), max_age: MAX_IDLE_AGE }
+    }
+}
+
+impl<T> Pool<T> {
+    /// The most recently used connection that is still open and young enough.
+    pub fn take_if(&self, now: Instant, open: impl Fn(&T) -> bool) -> Option<T> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some(s) = idle.pop() {
-            if !s.is_closed() {
+        // the oldest are at the front: drop those past the age, then take the newest
+        idle.retain(|(_, since)| now.saturating_duration_since(*since) < self.max_age);
+        while let Some((s, _)) = idle.pop() {
+            if open(&s) {
                 return Some(s);
             }
         }
         None
     }
 
-    fn put(&self, s: SendRequest<ReqBody>) {
+    pub fn put_at(&self, s: T, now: Instant) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < MAX_IDLE && !s.is_closed() {
-            idle.push(s);
+        if idle.len() < MAX_IDLE {
+            idle.push((s, now));
+        }
+    }
+}
+
+impl UdsPool {
+    fn take(&self) -> Option<SendRequest<ReqBody>> {
+        self.take_if(Instant::now(), |s| !s.is_closed())
+    }
+
+    fn put(&self, s: SendRequest<ReqBody>) {
+        if !s.is_closed() {
+            self.put_at(s, Instant::now());
         }
     }
 }
@@ -156,5 +185,25 @@ pub async fn forward(shared: &Arc<Shared>, mut req: Request<ReqBody>) -> Respons
                 }
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_reuses_the_newest_open_connection_and_drops_old_ones() {
+        let pool: Pool<u32> = Pool::default();
+        let t0 = Instant::now();
+        pool.put_at(1, t0);
+        pool.put_at(2, t0 + Duration::from_secs(10));
+        pool.put_at(3, t0 + Duration::from_secs(12));
+        // 3 is closed: the next newest open one
+        assert_eq!(pool.take_if(t0 + Duration::from_secs(13), |c| *c != 3), Some(2));
+        // 1 has been idle past the age: dropped, never handed out
+        assert_eq!(pool.take_if(t0 + MAX_IDLE_AGE, |_| true), None);
+        pool.put_at(4, t0 + MAX_IDLE_AGE);
+        assert_eq!(pool.take_if(t0 + MAX_IDLE_AGE + Duration::from_secs(1), |_| true), Some(4));
     }
 }
