@@ -89,6 +89,7 @@ class EngineServer(RequestValidation, ProbeEndpoints, ResponsesEndpoints, ModelE
         self._rr = itertools.count()
         self._runner: web.AppRunner | None = None
         self._site: web.SockSite | None = None
+        self._reserved: socket.socket | None = None  # the port, held while refusing
         # GET /health and /metrics served: how often routers probe and scrape this engine
         self.polls = {"health": 0, "metrics": 0}
         self.app = self._make_app()
@@ -133,6 +134,7 @@ class EngineServer(RequestValidation, ProbeEndpoints, ResponsesEndpoints, ModelE
 
     async def _listen(self) -> None:
         assert self._runner is not None
+        self._release()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.cfg.host, self.cfg.port))
@@ -151,14 +153,27 @@ class EngineServer(RequestValidation, ProbeEndpoints, ResponsesEndpoints, ModelE
             await self.pd.stop()
         if self._runner is not None:
             await self._runner.cleanup()
+        self._release()
 
     async def set_refusing(self, refuse: bool) -> None:
-        """Close the listening socket (connects get ECONNREFUSED) or reopen it."""
+        """Close the listening socket (connects get ECONNREFUSED) or reopen it.
+
+        While refusing, the port stays bound by a socket that does not listen: a freed port
+        could be taken by another process, or be picked as a connecting socket's own local
+        port, which then connects to itself, and the engine would no longer look down."""
         if refuse and self._site is not None:
             site, self._site = self._site, None
             await site.stop()
+            self._reserved = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self._reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
+            self._reserved.bind((self.cfg.host, self.cfg.port))
         elif not refuse and self._site is None:
             await self._listen()
+
+    def _release(self) -> None:
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
 
     async def apply_faults(self, patch: dict[str, Any]) -> None:
         self.faults.merge(patch)

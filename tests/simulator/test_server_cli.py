@@ -53,6 +53,9 @@ def test_refusing_from_the_start_and_nodelay(sim_factory):
     s = sim_factory("--fast", "--faults", '{"1": {"refuse_connections": true}}', engines=2)
     with pytest.raises(httpx.ConnectError):
         httpx.get(s.url(1) + "/health")
+    # the refusing engine keeps its port: nothing else can take it meanwhile
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind((HOST, s.ports[1]))
     body = {"model": "demo", "prompt": "x", "max_tokens": 2}
     assert httpx.post(s.url(0) + "/v1/completions", json=body).status_code == 200
     # the engine's accepted sockets have TCP_NODELAY (set by aiohttp on accept)
