@@ -211,8 +211,7 @@ def create_app(settings: RouterSettings | None = None) -> RouterApp:
         if reloader is not None:  # a reload may build a new scheduler: bind that one too
             link.bind(reloader.scheduler)
             reloader.on_build = link.bind
-            client = link.client
-            reloader.hub_relays = lambda: client.connected
+            reloader.hub_relays = link.relays_inserts
     debug = DebugServer(settings.runtime_dir, {
         "kv_ownership": lambda: reloader.matcher.debug_view() if reloader is not None and reloader.matcher is not None else None,
         "pd": pd_pairer.debug_view,

@@ -94,6 +94,12 @@ class PodStateLink:
                                      on_probes=self._probes, on_inserts=self._inserts, on_mode=self._mode,
                                      on_kv=self._kv_ops, on_flight=self._flight)
 
+    def relays_inserts(self) -> bool:
+        """Whether the hub delivers this pod's other workers' inserts to this worker. Until
+        the first connection attempt ends, yes: a worker reading Redis at start must not merge
+        its siblings' entries that the hub's replay is about to deliver again."""
+        return self.client.connected or not self._mode_known
+
     def attach_scraper(self, scraper: SharedScraper) -> None:
         """The worker's scraper (created in the lifespan, with a router configuration)."""
         self.scraper = scraper
@@ -149,7 +155,7 @@ class PodStateLink:
         matcher = scheduler.kv_matcher
         if matcher is not None and not isinstance(matcher.subscribers, SharedKvSubscribers):
             # before the first connection attempt: assume the hub (no subscription to undo)
-            remote = self.client.connected or not self._mode_known
+            remote = self.relays_inserts()
             matcher.subscribers = SharedKvSubscribers(matcher.subscribers, self._set_kv, remote)
 
     def _send_insert(self, key: str, hashes: BlockHashes) -> None:

@@ -132,7 +132,8 @@ class SharedIndexSync:
                  metrics: SharedIndexMetrics, pod: bytes = b"",
                  hub_relays: Callable[[], bool] = lambda: False) -> None:
         """`pod`: the router process' id (RouterSettings.pod_id, empty with one worker);
-        `hub_relays`: whether this worker is connected to the pod-state hub now."""
+        `hub_relays`: whether the pod-state hub delivers this pod's other workers' inserts to this
+        worker (PodStateLink.relays_inserts)."""
         self.settings = settings
         self.target = target
         self.metrics = metrics

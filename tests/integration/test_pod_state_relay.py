@@ -107,3 +107,30 @@ async def test_in_flight_changes_netted_per_iteration_to_the_other_worker(tmp_pa
         await w.client.close()
     hub_task.cancel()
     await asyncio.gather(hub_task, return_exceptions=True)
+
+
+@pytest.mark.asyncio
+async def test_the_link_says_the_hub_relays_inserts_until_the_first_attempt_fails(tmp_path: Path) -> None:
+    """A worker's shared-index reader skips its own pod's Redis entries while this is true: before
+    the first attempt (the hub's replay is about to deliver them), while connected, not after a
+    failed first attempt (local mode: Redis is then its only source)."""
+    from types import SimpleNamespace
+
+    from kthena_router.podstate.link import PodStateLink
+
+    path = str(tmp_path / "hub.sock")
+    settings = RouterSettings(config_path="x.yaml", health_probe_interval_s=60, pod_state_socket=path,
+                              runtime_dir=str(tmp_path))
+    alone = PodStateLink(settings, None, SimpleNamespace(remote=False), lambda: None)  # type: ignore[arg-type]
+    assert alone.relays_inserts()
+    assert not await alone.client.connect_first(attempts=2, delay_s=0.01)
+    assert not alone.relays_inserts()
+
+    hub_task = asyncio.create_task(Hub(settings, path).serve())
+    link = PodStateLink(settings, None, SimpleNamespace(remote=False), lambda: None)  # type: ignore[arg-type]
+    assert await link.client.connect_first(attempts=100, delay_s=0.02)
+    assert link.relays_inserts()
+    await link.client.close()
+    await alone.client.close()
+    hub_task.cancel()
+    await asyncio.gather(hub_task, return_exceptions=True)
