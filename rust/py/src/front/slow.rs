@@ -26,25 +26,25 @@ const MAX_IDLE: usize = 64;
 /// connection idle for longer than this is dropped instead of reused.
 const MAX_IDLE_AGE: Duration = Duration::from_secs(15);
 
+/// Idle connections, oldest first (generic so the test can pool plain values).
 pub struct Pool<T> {
     idle: Mutex<Vec<(T, Instant)>>,
-    max_age: Duration,
 }
 
 pub type UdsPool = Pool<SendRequest<ReqBody>>;
 
 impl<T> Default for Pool<T> {
     fn default() -> Self {
-        Pool { idle: Mutex::new(Vec::new()), max_age: MAX_IDLE_AGE }
+        Pool { idle: Mutex::new(Vec::new()) }
     }
 }
 
 impl<T> Pool<T> {
     /// The most recently used connection that is still open and young enough.
-    pub fn take_if(&self, now: Instant, open: impl Fn(&T) -> bool) -> Option<T> {
+    fn take_if(&self, now: Instant, open: impl Fn(&T) -> bool) -> Option<T> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         // the oldest are at the front: drop those past the age, then take the newest
-        idle.retain(|(_, since)| now.saturating_duration_since(*since) < self.max_age);
+        idle.retain(|(_, since)| now.saturating_duration_since(*since) < MAX_IDLE_AGE);
         while let Some((s, _)) = idle.pop() {
             if open(&s) {
                 return Some(s);
@@ -53,7 +53,7 @@ impl<T> Pool<T> {
         None
     }
 
-    pub fn put_at(&self, s: T, now: Instant) {
+    fn put_at(&self, s: T, now: Instant) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() < MAX_IDLE {
             idle.push((s, now));
