@@ -37,16 +37,20 @@ def served_by(engine_logs: list[dict[str, Any]]) -> dict[int, int]:
 def group_figures(served: dict[int, int], group_of: dict[int, int], n: int) -> dict[str, Any]:
     """Per engine: the distinct groups it served and the groups it was home to (served most
     of their requests); overall: groups served by more than one engine; per group: its
-    requests on each engine (which groups shared an engine decides `bursts`' tail)."""
+    requests on each engine (which groups shared an engine decides `bursts`' tail) and the
+    engines of its requests in request order (where a session's turn moved, on `multiturn`)."""
     per_group: dict[int, Counter[int]] = {}
-    for index, engine in served.items():
+    order: dict[int, list[int]] = {}
+    for index, engine in sorted(served.items()):
         per_group.setdefault(group_of[index], Counter())[engine] += 1
+        order.setdefault(group_of[index], []).append(engine)
     groups_served = [sum(1 for c in per_group.values() if c[e]) for e in range(n)]
     homes = Counter(c.most_common(1)[0][0] for c in per_group.values())
     return {"requests_seen": len(served), "groups_served": groups_served,
             "groups_homed": [homes[e] for e in range(n)],
             "groups_split": sum(1 for c in per_group.values() if len(c) > 1),
-            "per_group": {str(g): [c[e] for e in range(n)] for g, c in sorted(per_group.items())}}
+            "per_group": {str(g): [c[e] for e in range(n)] for g, c in sorted(per_group.items())},
+            "order": {str(g): o for g, o in sorted(order.items())}}
 
 
 def read(admin_url: str, group_of: dict[int, int], n: int) -> dict[str, Any]:

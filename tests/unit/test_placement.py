@@ -17,13 +17,14 @@ def test_served_by_reads_the_bench_ids_and_skips_the_rest() -> None:
 
 def test_group_figures_count_served_homed_and_split_groups() -> None:
     group_of = {0: 5, 1: 5, 2: 5, 3: 6, 4: 7, 5: 7}
-    served = {0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2}  # group 5 mostly on 0, once on 1
+    served = {2: 1, 0: 0, 1: 0, 3: 1, 4: 2, 5: 2}  # group 5 mostly on 0, then once on 1
     g = placement.group_figures(served, group_of, 3)
     assert g == {"requests_seen": 6, "groups_served": [1, 2, 1], "groups_homed": [1, 1, 1],
-                 "groups_split": 1, "per_group": {"5": [2, 1, 0], "6": [0, 1, 0], "7": [0, 0, 2]}}
+                 "groups_split": 1, "per_group": {"5": [2, 1, 0], "6": [0, 1, 0], "7": [0, 0, 2]},
+                 "order": {"5": [0, 0, 1], "6": [1], "7": [2, 2]}}
 
 
 def test_no_traced_request_gives_empty_figures() -> None:
     g = placement.group_figures({}, {0: 1}, 2)
     assert g == {"requests_seen": 0, "groups_served": [0, 0], "groups_homed": [0, 0],
-                 "groups_split": 0, "per_group": {}}
+                 "groups_split": 0, "per_group": {}, "order": {}}
