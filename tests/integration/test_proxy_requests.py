@@ -5,6 +5,8 @@ Client: the openai SDK (and httpx for malformed requests the SDK cannot send).
 
 from __future__ import annotations
 
+import functools
+
 import uuid
 
 import harness
@@ -187,9 +189,16 @@ def test_metrics_count_requests_and_tokens(router: harness.Router) -> None:
     list(client.chat.completions.create(model="demo", messages=MSGS, max_tokens=7, stream=True))
     client.chat.completions.create(model="demo", messages=MSGS, max_tokens=3)
 
+    # A scrape reads each worker's metric file while that worker may be writing a request's
+    # counters one after another, so wait for every figure, then check the tokens exactly.
     def updated() -> dict | None:
         fams = harness.parse_metrics(router.metrics_text())
-        if harness.metric_value(fams, "kthena_router_requests_total", model="demo", status_code="200") >= ok0 + 2:
+        value = functools.partial(harness.metric_value, fams, model="demo")
+        if (value("kthena_router_requests_total", status_code="200") >= ok0 + 2
+                and value("kthena_router_tokens_total", token_type="output") >= out0 + 10
+                and value("kthena_router_time_to_first_token_seconds_count") >= 2
+                and value("kthena_router_time_per_output_token_seconds_count") >= 1
+                and value("kthena_router_request_duration_seconds_count") >= 2):
             return fams
         return None
 
@@ -198,9 +207,6 @@ def test_metrics_count_requests_and_tokens(router: harness.Router) -> None:
     except TimeoutError:
         raise AssertionError(router.metrics_text()[-3000:]) from None
     assert harness.metric_value(after, "kthena_router_tokens_total", model="demo", token_type="output") - out0 == 10
-    assert harness.metric_value(after, "kthena_router_time_to_first_token_seconds_count", model="demo") >= 2
-    assert harness.metric_value(after, "kthena_router_time_per_output_token_seconds_count", model="demo") >= 1
-    assert harness.metric_value(after, "kthena_router_request_duration_seconds_count", model="demo") >= 2
     assert "kthena_router_active_upstream_requests" in after
     assert "kthena_router_endpoint_healthy" in after
 
