@@ -6,7 +6,6 @@ Client: the openai SDK (and httpx for malformed requests the SDK cannot send).
 from __future__ import annotations
 
 import functools
-
 import uuid
 
 import harness
