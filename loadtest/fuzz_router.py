@@ -44,6 +44,7 @@ import h11
 
 from .demo import DEFAULT_CONFIG, REPO, Child, demo_config, wait_router_ready, wait_simulator_ready
 from .fuzz_cases import CHAT, MAX_BODY_BYTES, RID_MARK, Case, dumps, generate, http_request, valid_body
+from .ports import free_ports
 
 HOST = "127.0.0.1"
 ROUTER_CONFIG = REPO / "configs" / "scheduling" / "prefix-cache.yaml"
@@ -394,17 +395,6 @@ def fuzz(t: Target, router: Child | None, args: argparse.Namespace) -> Report:
     return rep
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind((HOST, 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def start(args: argparse.Namespace, tmp: Path) -> tuple[Target, list[Child]]:
     stop = threading.Event()
     sim = Child("simulator", [
@@ -414,7 +404,7 @@ def start(args: argparse.Namespace, tmp: Path) -> tuple[Target, list[Child]]:
     ], capture_stdout=True)
     children = [sim]
     ready = wait_simulator_ready(sim, stop)
-    port, admin = _free_ports(2)
+    port, admin = free_ports(2)
     config = demo_config(DEFAULT_CONFIG, list(ready["ports"]), tmp)
     router = Child("router", [
         sys.executable, "-m", "kthena_router.cli", "--config", str(config), "--host", HOST, "--port", str(port),

@@ -14,7 +14,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from loadtest.loadgen import chat_body
+from loadtest.ports import free_ports
 
 HOST = "127.0.0.1"
 CHAT_PATH = "/v1/chat/completions"
@@ -31,19 +31,6 @@ CHAT_PATH = "/v1/chat/completions"
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 SHIM_SOURCE = Path(__file__).with_name("nodelay_shim.c")
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def http(method: str, url: str, body: bytes | None = None, timeout: float = 5.0,

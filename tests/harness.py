@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import yaml
 
-from loadtest.procs import free_ports  # n distinct free loopback ports
+from loadtest.ports import free_ports  # n distinct loopback ports, none handed out twice
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import socket
 import sys
@@ -69,39 +68,6 @@ class Cluster:
     def stop(self) -> None:
         for p in reversed(self.procs):
             p.stop()
-
-
-def _block_range(n: int) -> tuple[int, int]:
-    """Where to look for a block: below the kernel's ephemeral range, so that no socket's
-    automatic bind (another process's, or a port picked by binding to 0) can take a port
-    of the block between this check and the simulator's own bind."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    return (10000, low - n) if low - n > 11000 else (20000, 60000 - n)
-
-
-def free_port_block(n: int, tries: int = 50) -> int:
-    """First port of n consecutive free loopback ports (the simulator's KV-event ports are
-    base + 2*i and +1, so they must be consecutive)."""
-    rng = random.Random()
-    lo, hi = _block_range(n)
-    for _ in range(tries):
-        base = rng.randrange(lo, hi)
-        socks: list[socket.socket] = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind((HOST, port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise StartError(f"no {n} consecutive free ports found in {tries} tries")
 
 
 def kv_event_addresses(base: int) -> list[tuple[str, str]]:

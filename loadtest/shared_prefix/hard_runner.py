@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from loadtest.ports import free_port_block
 from loadtest.procs import Proc
 from . import cells, cluster, partition, placement, policies, report
 from .hard_plots import plot_load
@@ -59,7 +60,7 @@ async def run_hard_cell(a: argparse.Namespace, spec: HardSpec, pol: policies.Pol
     kv_fallbacks: float | None = None
     hot_spot: float | None = None
     try:
-        ev_base = cluster.free_port_block(2 * cluster.N_ENGINES) if needs_events else None
+        ev_base = free_port_block(2 * cluster.N_ENGINES) if needs_events else None
         ports, admin = cluster.start_engines(logdir, procs, spec.kv_blocks, k, seed,
                                              kv_events_base=ev_base,
                                              extra_args=spec.engine_args)

@@ -44,6 +44,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from loadtest.ports import free_port_block
 from loadtest.procs import Proc, StartError, http
 from loadtest.loadgen import install_uvloop
 from . import cells, cluster, hard_runner, policies, report
@@ -190,7 +191,7 @@ async def run_cell(a: argparse.Namespace, spec: WorkloadSpec, pol: policies.Poli
     retries: float | None = None
     needs_events = pol.kv_events or policies.uses_kv_events(sched_yaml)
     try:
-        ev_base = cluster.free_port_block(2 * cluster.N_ENGINES) if needs_events else None
+        ev_base = free_port_block(2 * cluster.N_ENGINES) if needs_events else None
         ports, admin = cluster.start_engines(logdir, procs, blocks, k, seed,
                                              kv_events_base=ev_base)
         admin_url = f"http://127.0.0.1:{admin}"

@@ -23,7 +23,7 @@ import pytest
 
 import harness
 import kv_support as kvs
-from loadtest.shared_prefix.cluster import free_port_block
+from loadtest.ports import free_port_block
 
 TOKENIZER = harness.REPO / "loadtest" / "simulator" / "tokenizer" / "tokenizer.json"
 ENGINES = 3

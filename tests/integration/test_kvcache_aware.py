@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 import harness
-from loadtest.shared_prefix.cluster import free_port_block
+from loadtest.ports import free_port_block
 from loadtest.shared_prefix.workload import WorkloadSpec, generate
 from .test_scheduling_plugins import KV_BLOCKS, compare_interleaved
 

@@ -25,7 +25,7 @@ import pytest
 import harness
 import kv_support as kvs
 import pd_harness as pdh
-from loadtest.shared_prefix.cluster import free_port_block
+from loadtest.ports import free_port_block
 
 TOKENIZER = harness.REPO / "loadtest" / "simulator" / "tokenizer" / "tokenizer.json"
 ROLES = ("prefill", "prefill", "prefill", "decode", "decode")

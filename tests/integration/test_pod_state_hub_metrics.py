@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 import harness
-from loadtest.shared_prefix.cluster import free_port_block
+from loadtest.ports import free_port_block
 
 TOKENIZER = harness.REPO / "loadtest" / "simulator" / "tokenizer" / "tokenizer.json"
 ENGINES = 2

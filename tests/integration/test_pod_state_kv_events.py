@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 import harness
-from loadtest.shared_prefix.cluster import free_port_block
+from loadtest.ports import free_port_block
 
 from .test_kvcache_aware import KV_CONFIG, config_docs, engine_cache
 

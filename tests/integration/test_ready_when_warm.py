@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 import harness
-from loadtest.shared_prefix.cluster import free_port_block
+from loadtest.ports import free_port_block
 from .test_kvcache_aware import KV_CONFIG, config_docs, fallbacks, ownership
 
 ENGINES = 2
