@@ -46,6 +46,18 @@ class BlockHashes:
         """The inverse of `to_bytes`, from bytes or any contiguous byte buffer. ValueError
         unless the length is a multiple of 8."""
 
+class BranchPoints:
+    """Shared prefixes of the prompts seen: a block that two different blocks have followed
+    ends a prefix several prompts continue differently (a session's growing context never
+    does). At most two generations of `generation` entries; an entry looked up moves to the
+    young one."""
+
+    def __init__(self, generation: int) -> None: ...
+    def observe(self, hashes: BlockHashes) -> list[int]:
+        """Record the chain; return, ascending, the block counts of its prefixes whose last
+        block has branched (this chain's own continuation included)."""
+    def __len__(self) -> int: ...
+
 class PrefixIndex:
     """Which endpoint (u32 id) holds which block hash; per-endpoint LRU capacity in entries.
 

@@ -10,6 +10,46 @@ import httpx
 
 import harness
 
+TOKENIZER = harness.REPO / "loadtest" / "simulator" / "tokenizer" / "tokenizer.json"
+# A prefix-cache + least-request router configuration with kvcache-aware's tokenizers, so
+# exact matching is automatic (format with tok=TOKENIZER and extra= further sections).
+# prefix-cache outweighs least-request: at equal weights one request's difference in the
+# scraped load (e.g. a scrape taken during a direct warm-up) outweighs a whole prefix, and
+# these tests are about where the prefix match comes from, not about weights.
+AUTO_CONFIG = """\
+scheduler:
+  pluginConfig:
+  - name: kvcache-aware
+    args:
+      tokenizers: {{demo: {tok}}}
+      hashSeed: "0"
+  plugins:
+    Score:
+      enabled:
+      - {{name: prefix-cache, weight: 3}}
+      - {{name: least-request, weight: 1}}
+{extra}"""
+
+
+def labelled_config_docs(ports: list[int], kv_base: int) -> list[dict[str, Any]]:
+    """Route + ModelServer + Endpoints whose labels name each engine's KV-event ports."""
+    labels = {"app": "demo"}
+    eps = [{"address": harness.HOST, "port": p,
+            "labels": {**labels, "kthena.io/kv-events-port": str(kv_base + 2 * i),
+                       "kthena.io/kv-events-replay-port": str(kv_base + 2 * i + 1)}}
+           for i, p in enumerate(ports)]
+    return [harness.route_doc("demo", "demo", "demo"), harness.server_doc("demo", "demo", labels),
+            {"apiVersion": harness.ENDPOINTS_API, "kind": "Endpoints", "metadata": {"name": "demo-engines"},
+             "spec": {"endpoints": eps}}]
+
+
+def ownership(router: harness.Router) -> dict[str, Any]:
+    """The matcher's view per endpoint (/debug/kv_ownership, admin port; one worker)."""
+    r = router.admin_get("/debug/kv_ownership")
+    r.raise_for_status()
+    return dict(r.json()["workers"][0]["endpoints"])
+
+
 def messages(tag: str, g: int) -> list[dict[str, str]]:
     """Group g's chat: a system prompt of its own. Tags starting with "L": prompts over
     kv_matcher.OFFLOAD_CHARS (tokenized in prepare())."""

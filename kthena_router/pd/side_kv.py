@@ -33,12 +33,15 @@ log = logging.getLogger(__name__)
 __all__ = ["attach", "debug_view", "exact_mode", "follow", "load_tokenizers", "retire"]
 
 
-def exact_mode(sc: SchedulerSettings, kv_events: KvEventsSettings) -> str | None:
-    """"listed", "auto" or None: what a side with pipeline `sc` gets (a reload rebuilds a
-    side whose pipeline or mode changed)."""
+def exact_mode(sc: SchedulerSettings, kv_events: KvEventsSettings) -> tuple[str, bool] | None:
+    """("listed" or "auto", whether shared prefixes keep the approximate memory), or None:
+    what a side with pipeline `sc` gets (a reload rebuilds a side whose pipeline or mode
+    changed)."""
     if sc.enabled("kvcache-aware"):
-        return "listed"
-    return "auto" if auto_exact_args(sc, kv_events) is not None else None
+        return "listed", kv_events.shared_memory(False)
+    if auto_exact_args(sc, kv_events) is None:
+        return None
+    return "auto", kv_events.shared_memory(True)
 
 
 def attach(sched: Scheduler, sc: SchedulerSettings, kv_events: KvEventsSettings, metrics: RouterMetrics) -> None:

@@ -3,6 +3,8 @@ Kthena has no such field) and the rule that decides when a prefix-cache pipeline
 
     kvEvents:
       exactMatching: auto   # auto (the default) | off (a bare YAML `off` / false works too)
+      sharedPrefixMemory: true   # default: true for automatic matching, false for a listed
+                                 # kvcache-aware (Kthena's exact scoring); kv_matcher.py
 
 `auto`: a scheduler pipeline that scores `prefix-cache` (and does not list `kvcache-aware`)
 also runs the kvcache-aware matcher (scheduling/kv_matcher.py) for the endpoints that
@@ -47,6 +49,12 @@ class Collector(Protocol):
 @dataclass(frozen=True, slots=True)
 class KvEventsSettings:
     exact_matching: Literal["auto", "off"] = "auto"
+    shared_prefix_memory: bool | None = None  # None: on for automatic matching only
+
+    def shared_memory(self, auto: bool) -> bool:
+        """Whether a matcher (automatic, or the listed kvcache-aware plugin) keeps shared
+        prefixes' approximate memory."""
+        return auto if self.shared_prefix_memory is None else self.shared_prefix_memory
 
 
 DEFAULT_KV_EVENTS = KvEventsSettings()
@@ -55,7 +63,7 @@ DEFAULT_KV_EVENTS = KvEventsSettings()
 def parse_kv_events(c: Collector, v: Any) -> KvEventsSettings:
     if v is None:
         return DEFAULT_KV_EVENTS
-    m = check_mapping(c, v, "kvEvents", ("exactMatching",))
+    m = check_mapping(c, v, "kvEvents", ("exactMatching", "sharedPrefixMemory"))
     if m is None:
         return DEFAULT_KV_EVENTS
     mode = "auto"
@@ -64,7 +72,11 @@ def parse_kv_events(c: Collector, v: Any) -> KvEventsSettings:
         mode = "auto" if v else "off"
     elif v is not None:
         mode = check_enum(c, v, "kvEvents.exactMatching", MODES) or "auto"
-    return KvEventsSettings(mode)  # type: ignore[arg-type]
+    shared = m.get("sharedPrefixMemory")
+    if shared is not None and not isinstance(shared, bool):
+        c.err("kvEvents.sharedPrefixMemory", f"must be true or false, got {shared!r}")
+        shared = None
+    return KvEventsSettings(mode, shared)  # type: ignore[arg-type]
 
 
 def auto_exact_args(sc: SchedulerSettings, kv_events: KvEventsSettings) -> KvCacheAwareArgs | None:

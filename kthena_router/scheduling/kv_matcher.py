@@ -16,6 +16,14 @@ endpoints whose stream is not up, or that have none, get the approximate prefix-
 match, rescaled to token blocks (reason `stream_down` when a subscribed stream is not up); a request without a usable tokenizer or template
 uses prefix-cache alone (`no_tokenizer`, `tokenize_error`).
 
+Shared prefixes (kvEvents.sharedPrefixMemory; on for automatic matching, off for the listed
+plugin unless set): a Rust `BranchPoints` table learns which of the approximate index's
+blocks two different blocks have followed (a group's system prompt, a shared document).
+On an up endpoint the match is then the larger of the exact one and the approximate run
+cut back to its last such block: a shared prefix the engine evicted still draws its
+group back there (one re-prefill, the group not scattered), while a private context (a
+session's, which never branches) is matched exactly and placed by load once evicted.
+
 Prompts of OFFLOAD_CHARS or more are tokenized on a thread before scheduling (prepare()),
 so a cold 100k-token prompt (~0.45 s) does not stall the worker's event loop; shorter ones
 inline (the prefix cache makes repeats cheap). Known limits: one event stream per endpoint (no DP
@@ -25,12 +33,13 @@ ranks on separate ports); vLLM's default pickle-based hash is not reproduced.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from kthena_router._core import BlockHashes, KvOwnership, PrefixIndex
+from kthena_router._core import BlockHashes, BranchPoints, KvOwnership, PrefixIndex
 from kthena_router.kv_events import EventSource, KvEventSubscribers, StreamState, StreamStatus
 from kthena_router.metrics import RouterMetrics
 
@@ -65,6 +74,9 @@ DEFAULT_CAPACITY = 1 << 21
 # integration test (ratio 0.56-0.90 with it, 0.50-0.75 without, idle machine).
 RECENT_S = 0.0
 RECENT_CAPACITY = 1 << 16  # entries per endpoint and generation
+# Block hashes per generation of the shared-prefix table (two generations are kept): a
+# memory bound (~10 MB a generation), about a thousand long conversations' worth of blocks.
+BRANCH_GENERATION = 1 << 18
 
 
 def hash_memo_blocks(args: KvCacheAwareArgs) -> int:
@@ -157,6 +169,8 @@ class KvAwareMatcher:
         self._recent = (PrefixIndex(RECENT_CAPACITY), PrefixIndex(RECENT_CAPACITY))
         self._recent_used = False  # an entry may be in either generation
         self._rotated = time.monotonic()
+        # shared prefixes keep the approximate index's memory on up endpoints (matcher_for)
+        self.branches: BranchPoints | None = None
 
     # --- endpoints and streams (event loop, rare) ------------------------------------------
     def set_endpoints(self, endpoints: Mapping[str, tuple[int, EventSource]]) -> None:
@@ -267,6 +281,23 @@ class KvAwareMatcher:
                     if e in up and t > best.get(e, 0):
                         best[e] = t
                 matches = [(e, b) for e, b in best.items() if b]
+        if self.branches is not None and info.hashes is not None:
+            # a prefix other prompts continued differently (a shared document or system
+            # prompt) keeps the approximate index's memory past the engine's eviction, so
+            # its group returns where it was served; a private context (a session's) is
+            # matched exactly, so an evicted one is placed by load
+            depths = self.branches.observe(info.hashes)
+            if depths and approx and approx_total and n:
+                up = self._up
+                best = dict(matches)
+                for e, m in approx:
+                    if e in up:
+                        i = bisect.bisect_right(depths, m)
+                        if i:
+                            t = depths[i - 1] * n // approx_total
+                            if t > best.get(e, 0):
+                                best[e] = t
+                matches = [(e, b) for e, b in best.items() if b]
         if approx and approx_total and n:
             # endpoints without an up stream (down, or none advertised): the approximate
             # byte-block fraction -> token blocks of this prompt
@@ -350,9 +381,13 @@ def matcher_for(sc: SchedulerSettings, metrics: RouterMetrics, kv_events: KvEven
     kvcache-aware listed, over every endpoint; automatic (prefix-cache, exact_auto.py),
     over the labelled ones; else None."""
     kv_args = sc.args.get("kvcache-aware")
+    m = None
     if sc.enabled("kvcache-aware") and isinstance(kv_args, KvCacheAwareArgs):
-        return KvAwareMatcher(kv_args, metrics)
-    auto_args = auto_exact_args(sc, kv_events)
-    if auto_args is not None:  # prefix-cache + KV events where endpoints advertise them
-        return KvAwareMatcher(auto_args, metrics, auto=True)
-    return None
+        m = KvAwareMatcher(kv_args, metrics)
+    else:
+        auto_args = auto_exact_args(sc, kv_events)
+        if auto_args is not None:  # prefix-cache + KV events where endpoints advertise them
+            m = KvAwareMatcher(auto_args, metrics, auto=True)
+    if m is not None and kv_events.shared_memory(m.auto):
+        m.branches = BranchPoints(BRANCH_GENERATION)
+    return m

@@ -25,28 +25,9 @@ import harness
 import kv_support as kvs
 from loadtest.ports import free_port_block
 
-TOKENIZER = harness.REPO / "loadtest" / "simulator" / "tokenizer" / "tokenizer.json"
 ENGINES = 3
 LABELLED = (0, 1)
 GROUPS = 6
-BEST = """\
-scheduler:
-  pluginConfig:
-  - name: kvcache-aware
-    args:
-      tokenizers: {{demo: {tok}}}
-      hashSeed: "0"
-  plugins:
-    Score:
-      enabled:
-      - {{name: prefix-cache, weight: 3}}
-      - {{name: least-request, weight: 1}}
-{extra}"""
-# prefix-cache outweighs least-request here: at equal weights one request's difference in
-# the scraped load (e.g. a scrape taken during the direct warm-up) outweighs a whole
-# prefix, and these tests are about where the prefix match comes from, not about weights.
-
-
 def config_docs(ports: list[int], kv_base: int) -> list[dict[str, Any]]:
     labels = {"app": "demo"}
     eps = []
@@ -66,12 +47,6 @@ def served_by(sim: harness.Simulator, rid: str) -> int:
     return i
 
 
-def ownership(router: harness.Router) -> dict[str, Any]:
-    r = router.admin_get("/debug/kv_ownership")
-    r.raise_for_status()
-    return dict(r.json()["workers"][0]["endpoints"])
-
-
 def metric(router: harness.Router, name: str, **labels: str) -> float:
     return harness.metric_value(harness.parse_metrics(router.metrics_text()), name, **labels)
 
@@ -88,9 +63,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[harness.Si
     routers: list[harness.Router] = []
     try:
         config = harness.write_config(tmp / "routes.yaml", config_docs(sim.ports, kv_base))
-        auto = harness.write_config(tmp / "auto.yaml", BEST.format(tok=TOKENIZER, extra=""))
+        auto = harness.write_config(tmp / "auto.yaml", kvs.AUTO_CONFIG.format(tok=kvs.TOKENIZER, extra=""))
         CONFIGS.update(routes=config, auto=auto, work=tmp)
-        off = harness.write_config(tmp / "off.yaml", BEST.format(tok=TOKENIZER, extra="kvEvents: {exactMatching: off}\n"))
+        off = harness.write_config(tmp / "off.yaml", kvs.AUTO_CONFIG.format(
+            tok=kvs.TOKENIZER, extra="kvEvents: {exactMatching: off}\n"))
         routers.append(harness.start_router(config, tmp, extra_args=["--router-config", str(auto)]))
         routers.append(harness.start_router(config, tmp, extra_args=["--router-config", str(off)]))
         keys = [f"{harness.HOST}:{p}" for p in sim.ports]
@@ -103,7 +79,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[harness.Si
 
 def test_only_labelled_endpoints_are_followed_and_off_follows_none(setup: Any) -> None:
     sim, auto, off, keys = setup
-    harness.wait_until(lambda: {k: e["state"] for k, e in ownership(auto).items()}
+    harness.wait_until(lambda: {k: e["state"] for k, e in kvs.ownership(auto).items()}
                        == {keys[i]: "up" for i in LABELLED}, 60, interval=0.2, what="labelled streams up, only")
     assert off.admin_get("/debug/kv_ownership").status_code == 404  # no matcher at all
     assert metric(auto, "kthena_router_kv_events_stream_up", endpoint=keys[0]) == 1
@@ -116,7 +92,7 @@ def warm_directly(sim: harness.Simulator, router: harness.Router, tag: str, keys
         i = LABELLED[g % len(LABELLED)]
         kvs.post(f"http://{harness.HOST}:{sim.ports[i]}", tag, g, f"warm-{tag}{g}")
     for i in LABELLED:
-        kvs.wait_table_is_engine_cache(sim, i, lambda i=i: ownership(router).get(keys[i]))
+        kvs.wait_table_is_engine_cache(sim, i, lambda i=i: kvs.ownership(router).get(keys[i]))
     kvs.wait_rescraped(sim, list(LABELLED))
 
 
@@ -129,7 +105,7 @@ def test_auto_routes_to_the_engine_that_holds_the_prefix_off_does_not(setup: Any
     for g in range(GROUPS):
         kvs.post(auto.base_url, "p", g, f"auto-p{g}")
     got = [served_by(sim, f"auto-p{g}") for g in range(GROUPS)]
-    assert got == want, (got, kvs.engine_view(auto, keys), {k: kvs.brief(e) for k, e in ownership(auto).items()})
+    assert got == want, (got, kvs.engine_view(auto, keys), {k: kvs.brief(e) for k, e in kvs.ownership(auto).items()})
     assert metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down") == before
     # the control: the same pipeline without exact matching cannot know what the engines
     # hold (each group lands on the warmed engine with probability ~1/3)
@@ -171,7 +147,7 @@ def test_rust_front_awaits_prepare_and_routes_exactly(setup: Any, rust_auto: har
     engine that holds its prefix. Long prompts ("L" tags) and short ones."""
     sim, _, _, keys = setup
     router = rust_auto
-    harness.wait_until(lambda: {k: e["state"] for k, e in ownership(router).items()}
+    harness.wait_until(lambda: {k: e["state"] for k, e in kvs.ownership(router).items()}
                        == {keys[i]: "up" for i in LABELLED}, 60, interval=0.2, what="labelled streams up")
     want = [LABELLED[g % len(LABELLED)] for g in range(GROUPS)]
     for tag in ("Lz", "z"):  # tags no other test uses
@@ -182,7 +158,7 @@ def test_rust_front_awaits_prepare_and_routes_exactly(setup: Any, rust_auto: har
             kvs.post(router.base_url, tag, g, f"rust-{tag}{g}")
         got = [served_by(sim, f"rust-{tag}{g}") for g in range(GROUPS)]
         assert got == want, (tag, got, kvs.engine_view(router, keys),
-                             {k: kvs.brief(e) for k, e in ownership(router).items()})
+                             {k: kvs.brief(e) for k, e in kvs.ownership(router).items()})
         assert metric(router, "kthena_router_front_decisions_total", decision="fast") >= fast + GROUPS, tag
 
 
@@ -192,7 +168,7 @@ def test_stopped_stream_falls_back_to_the_approximate_index(setup: Any) -> None:
     r.raise_for_status()
     harness.wait_until(lambda: metric(auto, "kthena_router_kv_events_stream_up", endpoint=keys[0]) == 0, 30,
                        interval=0.1, what="engine 0's stream down in the router")
-    assert ownership(auto)[keys[0]]["blocks"] == []  # nothing trusted from a dead stream
+    assert kvs.ownership(auto)[keys[0]]["blocks"] == []  # nothing trusted from a dead stream
     kvs.wait_engines_fresh(auto, keys)
     before = metric(auto, "kthena_router_kvcache_aware_fallback_total", reason="stream_down")
     # group g of "p" went to engine g % 2 through this router: its dispatch-time inserts

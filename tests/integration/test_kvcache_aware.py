@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 import harness
+import kv_support as kvs
 from loadtest.ports import free_port_block
 from loadtest.shared_prefix.workload import WorkloadSpec, generate
 from .test_scheduling_plugins import KV_BLOCKS, compare_interleaved
@@ -44,24 +45,6 @@ scheduler:
 """
 
 
-def config_docs(ports: list[int], kv_base: int) -> list[dict[str, Any]]:
-    """Route + ModelServer + Endpoints whose labels name each engine's KV-event ports."""
-    labels = {"app": "demo"}
-    eps = [{"address": harness.HOST, "port": p,
-            "labels": {**labels, "kthena.io/kv-events-port": str(kv_base + 2 * i),
-                       "kthena.io/kv-events-replay-port": str(kv_base + 2 * i + 1)}}
-           for i, p in enumerate(ports)]
-    return [harness.route_doc("demo", "demo", "demo"), harness.server_doc("demo", "demo", labels),
-            {"apiVersion": harness.ENDPOINTS_API, "kind": "Endpoints", "metadata": {"name": "demo-engines"},
-             "spec": {"endpoints": eps}}]
-
-
-def ownership(router: harness.Router) -> dict[str, Any]:
-    r = router.admin_get("/debug/kv_ownership")  # admin port only (one worker here)
-    r.raise_for_status()
-    return r.json()["workers"][0]["endpoints"]
-
-
 def fallbacks(router: harness.Router, **labels: str) -> float:
     fams = harness.parse_metrics(router.metrics_text())
     return harness.metric_value(fams, "kthena_router_kvcache_aware_fallback_total", **labels)
@@ -80,7 +63,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "--kv-blocks", str(KV_BLOCKS), "--time-scale", str(TIME_SCALE), "--kv-events-port-base", str(kv_base)])
     routers: list[harness.Router] = []
     try:
-        config = harness.write_config(tmp / "router.yaml", config_docs(sim.ports, kv_base))
+        config = harness.write_config(tmp / "router.yaml", kvs.labelled_config_docs(sim.ports, kv_base))
         sched = tmp / "scheduler.yaml"
         sched.write_text(KV_CONFIG)
         rr = harness.start_router(config, tmp)
@@ -89,7 +72,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Any:
                                                            "--scrape-interval-s", "0.5"])
         routers.append(kv)
         keys = [f"{harness.HOST}:{p}" for p in sim.ports]
-        harness.wait_until(lambda: all(ownership(kv)[k]["state"] == "up" for k in keys), 60,
+        harness.wait_until(lambda: all(kvs.ownership(kv)[k]["state"] == "up" for k in keys), 60,
                            interval=0.2, what="KV-event streams up")
         yield sim, rr, kv, keys
     finally:
@@ -121,9 +104,9 @@ def test_exact_affinity_beats_round_robin_and_table_equals_engine_cache(setup: A
     for i, key in enumerate(keys):
         truth = engine_cache(sim, i)
         assert truth["unmapped"] == 0 and truth["num_blocks"] > 0
-        harness.wait_until(lambda: ownership(kv)[key]["last_seq"] == truth["last_seq"], 30, interval=0.1,
+        harness.wait_until(lambda: kvs.ownership(kv)[key]["last_seq"] == truth["last_seq"], 30, interval=0.1,
                            what=f"router caught up with engine {i}")
-        got = ownership(kv)[key]
+        got = kvs.ownership(kv)[key]
         assert got["state"] == "up"
         assert got["blocks"] == truth["blocks"], (i, len(got["blocks"]), truth["num_blocks"])
 
@@ -135,7 +118,7 @@ def test_stopped_event_stream_falls_back_and_requests_succeed(setup: Any) -> Non
     assert r.json()["stopped"] == 1
     harness.wait_until(lambda: stream_up(kv, keys[0]) == 0 and stream_up(kv, keys[1]) == 1, 30, interval=0.1,
                        what="stream of engine 0 down in the router")
-    assert ownership(kv)[keys[0]]["blocks"] == []  # nothing trusted from a dead stream
+    assert kvs.ownership(kv)[keys[0]]["blocks"] == []  # nothing trusted from a dead stream
     before = fallbacks(kv, reason="stream_down")
     client = kv.openai()
     prompt = "A shared system prompt about routers. " * 40
@@ -144,4 +127,4 @@ def test_stopped_event_stream_falls_back_and_requests_succeed(setup: Any) -> Non
             {"role": "system", "content": prompt}, {"role": "user", "content": f"question {i}"}])
         assert out.choices[0].message.content
     assert fallbacks(kv, reason="stream_down") == before + 12
-    assert all(e["state"] == "up" for k, e in ownership(kv).items() if k != keys[0])
+    assert all(e["state"] == "up" for k, e in kvs.ownership(kv).items() if k != keys[0])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
+from kthena_router._core import BlockHashes, BranchPoints
 from kthena_router.config.errors import ConfigError
 from kthena_router.metrics import RouterMetrics
 from kthena_router.router_config_reload import build_scheduling
@@ -48,6 +49,7 @@ def test_section_defaults_to_auto_and_accepts_off_spelled_either_way() -> None:
     ("kvEvents: {exactMatching: sometimes}", "kvEvents.exactMatching"),
     ("kvEvents: {exact: off}", "kvEvents.exact"),
     ("kvEvents: [auto]", "kvEvents"),
+    ("kvEvents: {sharedPrefixMemory: sometimes}", "kvEvents.sharedPrefixMemory"),
 ])
 def test_bad_sections_are_refused_naming_the_field(text: str, field: str) -> None:
     with pytest.raises(ConfigError) as e:
@@ -79,6 +81,18 @@ def test_build_scheduling_makes_an_auto_matcher_only_when_the_rule_says_so() -> 
         sched = build_scheduling(rc.scheduler, rc.source, settings, m, kv_events=rc.kv_events)
         assert (None if sched.matcher is None else sched.matcher.auto) == auto, text
         assert sched.scheduler.kv_matcher is sched.matcher
+
+
+def test_shared_prefix_memory_is_on_for_automatic_matching_unless_said_otherwise() -> None:
+    settings, m = RouterSettings(config_path="unused"), RouterMetrics(CollectorRegistry())
+    listed = BEST.replace("prefix-cache", "kvcache-aware")
+    for text, branches in ((BEST, True), (BEST + "kvEvents: {sharedPrefixMemory: false}\n", False),
+                           (listed, False),  # the listed plugin scores as Kthena's does
+                           (listed + "kvEvents: {sharedPrefixMemory: true}\n", True)):
+        rc = load(text)
+        sched = build_scheduling(rc.scheduler, rc.source, settings, m, kv_events=rc.kv_events)
+        assert sched.matcher is not None
+        assert (sched.matcher.branches is not None) == branches, text
 
 
 def test_auto_sources_only_labelled_endpoints() -> None:
@@ -160,3 +174,27 @@ def test_matcher_keeps_the_approximate_match_of_endpoints_without_an_up_stream()
     matches, total = m.match(info, [(1, 8), (2, 8), (3, 4)], 8)  # approximate: byte blocks
     assert total == 4
     assert sorted(matches) == [(2, 4), (3, 2)]  # rescaled; nothing approximate for the up one
+
+
+def test_shared_prefixes_keep_the_approximate_memory_private_contexts_do_not() -> None:
+    m = KvAwareMatcher(KvCacheAwareArgs(), RouterMetrics(CollectorRegistry()), auto=True)
+    m.branches = BranchPoints(1 << 10)
+    m._up = {1, 2}  # both streams up; the engines' tables hold nothing (evicted)
+
+    def ask(hashes: list[int], approx: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        info = chat("r", "q")
+        info.tokens, info.tokens_ready = list(range(64)), True  # 4 token blocks
+        info.hashes = BlockHashes(hashes)
+        matches, total = m.match(info, approx, len(hashes))
+        assert total == 4
+        return sorted(matches)
+
+    group = [1, 2, 3, 4, 5, 6]  # a shared system prompt: two questions follow it
+    assert ask(group + [7, 8], []) == []
+    assert ask(group + [90, 91], [(1, 8)]) == [(1, 3)]  # raised to the shared 6 of 8 blocks
+    assert ask(group + [70, 71], [(1, 5)]) == []  # the index's run stops short of the branch
+    session = [200, 201, 202, 203, 204, 205, 206, 207]  # each turn extends the last
+    assert ask(session, [(2, 6)]) == []
+    assert ask(session + [208, 209], [(2, 8)]) == []  # private: exact only, placed by load
+    m.branches = None
+    assert ask(group + [40, 41], [(1, 8)]) == []  # without the memory: exact only

@@ -121,6 +121,13 @@ def test_a_reload_rebuilds_only_the_side_whose_exact_mode_changed() -> None:
     assert matcher(p, "prefill") is None
     back = p.build(load(SCHED_TOK).pd, "rc.yaml")
     assert back.decode is None and back.prefill is not None and back.prefill.kv_matcher is not None
+    p.install(back)
+    m = matcher(p, "prefill")
+    assert m is not None and m.branches is not None  # automatic: shared prefixes keep memory
+    # turning the shared-prefix memory off alone rebuilds the side (it is not ignored)
+    plain = p.build(load(SCHED_TOK + "kvEvents: {sharedPrefixMemory: false}\n").pd, "rc.yaml")
+    assert plain.decode is None and plain.prefill is not None
+    assert plain.prefill.kv_matcher is not None and plain.prefill.kv_matcher.branches is None
 
 
 def test_a_recent_dispatch_counts_for_an_up_endpoint_until_its_events_arrive() -> None:

@@ -33,13 +33,12 @@ def test_successive_picks_never_repeat_a_port() -> None:
 
 
 def test_a_port_in_use_is_skipped_and_a_block_restarts_after_it() -> None:
+    base = ports.free_port_block(9)  # below the ephemeral range: nothing else takes these
+    busy = base + 3
     with socket.socket() as held:
-        held.bind((ports.HOST, 0))
-        busy = held.getsockname()[1]
-        pool = ports.PortPool(busy - 3, busy + 6, start=busy - 3)
-        block = pool.take(4, consecutive=True)
-        assert busy not in block
-        assert block == list(range(block[0], block[0] + 4)) and block[0] > busy
+        held.bind((ports.HOST, busy))
+        block = ports.PortPool(base, base + 9, start=base).take(4, consecutive=True)
+        assert block == [busy + 1, busy + 2, busy + 3, busy + 4]
         assert busy not in ports.PortPool(busy, busy + 3, start=busy).take(2)
 
 

@@ -2,6 +2,7 @@
 //! and free of Python. The `kthena-py` crate exposes them to Python.
 #![forbid(unsafe_code)]
 
+pub mod branch_points;
 pub mod digest_memo;
 pub mod evicted_hints;
 pub mod fairq;

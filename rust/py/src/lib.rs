@@ -22,6 +22,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prefix::prefix_key, m)?)?;
     m.add_class::<prefix::BlockHashes>()?;
     m.add_class::<prefix::PrefixIndex>()?;
+    m.add_class::<prefix::BranchPoints>()?;
     m.add_class::<scorer::Scorer>()?;
     m.add_function(wrap_pyfunction!(registry::plugin_registry, m)?)?;
     m.add_function(wrap_pyfunction!(registry::refused_plugins, m)?)?;

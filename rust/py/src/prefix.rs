@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::gil;
-use kthena_core::{prefix_hash, prefix_index, prefix_traffic};
+use kthena_core::{branch_points, prefix_hash, prefix_index, prefix_traffic};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -238,5 +238,29 @@ impl PrefixIndex {
 
     fn __len__(&self) -> usize {
         self.lock().len()
+    }
+}
+
+/// Shared prefixes of the prompts seen (kthena_core::branch_points): the block counts of a
+/// chain's prefixes that other prompts continued differently.
+#[pyclass(module = "kthena_router._core")]
+pub struct BranchPoints {
+    inner: branch_points::BranchPoints,
+}
+
+#[pymethods]
+impl BranchPoints {
+    #[new]
+    fn new(generation: usize) -> Self {
+        BranchPoints { inner: branch_points::BranchPoints::new(generation) }
+    }
+
+    /// Record the chain; return, ascending, the block counts of its prefixes that branch.
+    fn observe(&mut self, hashes: &BlockHashes) -> Vec<u32> {
+        self.inner.observe(&hashes.hashes)
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
     }
 }
