@@ -10,9 +10,10 @@ import httpx
 import pytest
 
 import harness
+import kv_support as kvs
 from loadtest.ports import free_port_block
 
-from .test_kvcache_aware import KV_CONFIG, config_docs, engine_cache
+from .test_kvcache_aware import KV_CONFIG, engine_cache
 
 ENGINES = 2
 
@@ -24,7 +25,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[harness.Si
     sim = harness.start_simulator(tmp, ENGINES, extra_args=["--kv-blocks", "512", "--kv-events-port-base", str(kv_base)])
     router = None
     try:
-        config = harness.write_config(tmp / "router.yaml", config_docs(sim.ports, kv_base))
+        config = harness.write_config(tmp / "router.yaml", kvs.labelled_config_docs(sim.ports, kv_base))
         sched = tmp / "scheduler.yaml"
         sched.write_text(KV_CONFIG)
         router = harness.start_router(config, tmp, workers=2, extra_args=[

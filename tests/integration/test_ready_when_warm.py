@@ -12,8 +12,9 @@ from pathlib import Path
 import httpx
 
 import harness
+import kv_support as kvs
 from loadtest.ports import free_port_block
-from .test_kvcache_aware import KV_CONFIG, config_docs, fallbacks, ownership
+from .test_kvcache_aware import KV_CONFIG, fallbacks
 
 ENGINES = 2
 
@@ -23,7 +24,7 @@ def start(tmp_path: Path, kv_base: int, config_kv_base: int, timeout_s: float,
     sim = harness.start_simulator(tmp_path, ENGINES,  # physics engines: they publish KV events
                                   extra_args=["--kv-events-port-base", str(kv_base)])
     try:
-        config = harness.write_config(tmp_path / "router.yaml", config_docs(sim.ports, config_kv_base))
+        config = harness.write_config(tmp_path / "router.yaml", kvs.labelled_config_docs(sim.ports, config_kv_base))
         sched = tmp_path / "scheduler.yaml"
         sched.write_text(KV_CONFIG)
         router = harness.start_router(config, tmp_path, workers=workers, wait=False, extra_args=[
@@ -49,7 +50,7 @@ def test_ready_only_once_every_engine_is_scraped_and_its_stream_up(tmp_path: Pat
         # the first 200 of /readyz: by then every stream is up and every engine scraped
         harness.wait_until(lambda: readyz(router)[0] == 200, 60, interval=0.01, what="/readyz 200")
         keys = [f"{harness.HOST}:{p}" for p in sim.ports]
-        assert all(ownership(router)[k]["state"] == "up" for k in keys), ownership(router)
+        assert all(kvs.ownership(router)[k]["state"] == "up" for k in keys), kvs.ownership(router)
         assert all(sim.state(i)["polls"]["metrics"] >= 1 for i in range(ENGINES))
         f0 = fallbacks(router)
         client = router.openai()
