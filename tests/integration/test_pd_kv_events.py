@@ -27,7 +27,7 @@ import kv_support as kvs
 import pd_harness as pdh
 from loadtest.ports import free_port_block
 
-TOKENIZER = harness.REPO / "loadtest" / "simulator" / "tokenizer" / "tokenizer.json"
+TOKENIZER = kvs.TOKENIZER
 ROLES = ("prefill", "prefill", "prefill", "decode", "decode")
 PREFILL, DECODE = (0, 1, 2), (3, 4)
 LABELLED = (0, 1, 3, 4)
