@@ -22,7 +22,6 @@ from loadtest.ports import free_port_block
 from loadtest.shared_prefix.workload import WorkloadSpec, generate
 from .test_scheduling_plugins import KV_BLOCKS, compare_interleaved
 
-TOKENIZER = kvs.TOKENIZER
 HIT_MARGIN = 0.25  # kvcache-aware over round-robin, absolute (observed 0.37-0.43)
 TTFT_RATIO = 0.85  # kvcache-aware mean TTFT / round-robin's (observed 0.55-0.61 at TIME_SCALE 3)
 ENGINES = 3
@@ -35,7 +34,7 @@ scheduler:
   pluginConfig:
   - name: kvcache-aware
     args:
-      tokenizers: {{demo: {TOKENIZER}}}
+      tokenizers: {{demo: {kvs.TOKENIZER}}}
       hashSeed: "0"
   plugins:
     Score:

@@ -27,7 +27,6 @@ import kv_support as kvs
 import pd_harness as pdh
 from loadtest.ports import free_port_block
 
-TOKENIZER = kvs.TOKENIZER
 ROLES = ("prefill", "prefill", "prefill", "decode", "decode")
 PREFILL, DECODE = (0, 1, 2), (3, 4)
 LABELLED = (0, 1, 3, 4)
@@ -105,8 +104,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[harness.Si
     routers: list[harness.Router] = []
     try:
         config = harness.write_config(tmp / "routes.yaml", config_docs(sim.ports, kv_base))
-        auto = harness.write_config(tmp / "auto.yaml", CONFIG.format(tok=TOKENIZER, extra=DECODE_LISTED))
-        off = harness.write_config(tmp / "off.yaml", CONFIG.format(tok=TOKENIZER,
+        auto = harness.write_config(tmp / "auto.yaml", CONFIG.format(tok=kvs.TOKENIZER, extra=DECODE_LISTED))
+        off = harness.write_config(tmp / "off.yaml", CONFIG.format(tok=kvs.TOKENIZER,
                                                                   extra="kvEvents: {exactMatching: off}\n"))
         routers.append(harness.start_router(config, tmp, extra_args=["--router-config", str(auto)]))
         routers.append(harness.start_router(config, tmp, extra_args=["--router-config", str(off)]))
