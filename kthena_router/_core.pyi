@@ -179,8 +179,8 @@ class Scorer:
     def clear_remote_loras(self) -> None:
         """Forget every relayed adapter count (the hub connection changed)."""
     def add_remote_in_flight(self, endpoint: int, delta: int) -> None:
-        """The pod's other workers dispatched (+) / finished (-) there since the last scrape
-        (relayed by the pod-state hub); part of the load until the next update_metrics."""
+        """The pod's other workers dispatched (+) / finished (-) there (relayed by the
+        pod-state hub); the change since the last update_metrics is part of the load."""
     def observe_latency(self, endpoint: int, ttft_s: float = ..., tpot_s: float = ...) -> None:
         """The router's own observation, blended into the scraped means (EWMA, alpha 0.2)."""
     def add_pending(self, endpoint: int, blocks: float) -> None:

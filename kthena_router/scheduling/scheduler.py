@@ -20,7 +20,7 @@ pod-state hub (docs/pod-state.md) relays them to the other workers' indexes, and
 configuration's sharedPrefixIndex (kthena_router/shared_index, docs/scale-out.md) shares
 them with other router replicas through Redis. Likewise every attempt's start (+1) and end
 (-1) goes to `flight_listener`: the hub relays them and the other workers' Scorers count
-them in the endpoint's load until the next scrape (`remote_in_flight`), so least-request
+their change since the last scrape in the endpoint's load (`remote_in_flight`), so least-request
 sees the whole pod's dispatches, not one worker's.
 
 One Scorer per ModelServer (its endpoint set); one PrefixIndex for the worker, keyed by a
@@ -559,8 +559,8 @@ class Scheduler:
         return self._ids.get(ep_key)
 
     def flight_counts(self, ep_key: str) -> dict[str, int] | None:
-        """This worker's attempts on `ep_key` in flight, and the other workers' relayed
-        since the last scrape, as its first Scorer holds them (/debug/pod_state)."""
+        """This worker's attempts on `ep_key` in flight, and the other workers' as relayed,
+        as its first Scorer holds them (/debug/pod_state)."""
         ep_id = self._ids.get(ep_key)
         scorers = self._scorers_of.get(ep_key)
         sig = scorers[0].signals(ep_id) if ep_id is not None and scorers else None

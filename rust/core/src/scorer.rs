@@ -36,9 +36,13 @@ pub struct Signals {
     pub in_flight: u32,
     /// `in_flight` when the engine's counts were last scraped.
     pub in_flight_at_scrape: u32,
-    /// What the pod's other router workers dispatched there (+) and saw finish (-) since
-    /// the last scrape, as relayed to this one (pod-state hub); the scrape counts them.
-    pub remote_since: i64,
+    /// What the pod's other router workers dispatched there (+) and saw finish (-), as
+    /// relayed to this one (pod-state hub): their requests in flight there. A relay lost
+    /// with a worker leaves it off by that worker's share; `load` uses only its change
+    /// since the scrape, which the next scrape bounds.
+    pub remote_in_flight: i64,
+    /// `remote_in_flight` when the engine's counts were last scraped (which count them).
+    pub remote_at_scrape: i64,
     /// Engine counts and KV-cache usage (0..1) from the last scrape; NaN = not reported.
     pub running: f64,
     pub waiting: f64,
@@ -69,7 +73,8 @@ impl Signals {
             identity: mix64(u64::from(id)),
             in_flight: 0,
             in_flight_at_scrape: 0,
-            remote_since: 0,
+            remote_in_flight: 0,
+            remote_at_scrape: 0,
             running: f64::NAN,
             waiting: f64::NAN,
             kv_usage: f64::NAN,
@@ -106,7 +111,8 @@ impl Signals {
             return f64::INFINITY;
         }
         let since = f64::from(self.in_flight) - f64::from(self.in_flight_at_scrape);
-        let est = self.running + self.waiting + since + self.remote_since as f64;
+        let remote = self.remote_in_flight.saturating_sub(self.remote_at_scrape);
+        let est = self.running + self.waiting + since + remote as f64;
         if est.is_nan() {
             f64::INFINITY
         } else {
@@ -328,7 +334,7 @@ impl Scorer {
             e.tpot_s = tpot_s;
         }
         e.in_flight_at_scrape = e.in_flight;
-        e.remote_since = 0;
+        e.remote_at_scrape = e.remote_in_flight;
         e.stale = false;
     }
 
@@ -377,7 +383,7 @@ impl Scorer {
     /// counted in `load` until the next scrape.
     pub fn add_remote_in_flight(&mut self, id: u32, delta: i64) {
         let e = self.sig_mut(id);
-        e.remote_since = e.remote_since.saturating_add(delta);
+        e.remote_in_flight = e.remote_in_flight.saturating_add(delta);
     }
 
     /// The router's own TTFT / TPOT observation (NaN = none), blended into the scraped

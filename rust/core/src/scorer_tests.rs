@@ -131,8 +131,10 @@ fn other_workers_dispatches_count_until_the_next_scrape() {
     // The scrape sees the one still running: not counted twice.
     s.update_metrics(0, 4.0, 0.0, 0.0, f64::NAN, f64::NAN);
     assert_eq!(s.signals(0).unwrap().load(), 4.0);
+    assert_eq!(s.signals(0).unwrap().remote_in_flight, 1); // still in flight: a count, not a delta
     s.add_remote_in_flight(0, -1); // it finishes after the scrape
     assert_eq!(s.signals(0).unwrap().load(), 3.0);
+    assert_eq!(s.signals(0).unwrap().remote_in_flight, 0);
 }
 
 fn guard_setup(abs: f64, rel: f64) -> Scorer {

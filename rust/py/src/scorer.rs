@@ -189,7 +189,8 @@ impl Scorer {
         };
         let d = PyDict::new(py);
         d.set_item("in_flight", s.in_flight)?;
-        d.set_item("remote_in_flight", s.remote_since)?;
+        d.set_item("remote_in_flight", s.remote_in_flight)?;
+        d.set_item("remote_at_scrape", s.remote_at_scrape)?;
         d.set_item("running", s.running)?;
         d.set_item("waiting", s.waiting)?;
         d.set_item("kv_usage", s.kv_usage)?;
