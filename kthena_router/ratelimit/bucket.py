@@ -2,13 +2,14 @@
 
 Semantics, the same for both and for Kthena's limiter: capacity = the limit per unit,
 refilled continuously at capacity/unit per second, full at start. Admission needs `need`
-tokens there and takes up to `want` of what is there (at least `need`): input takes its
-estimate, output needs one token (Kthena's rule) and reserves up to the request's
-max_tokens, so concurrent requests are not all admitted on the same last tokens. Charges
-after admission (the real prompt size, output beyond its reservation as it streams) are
-taken unconditionally and may drive the bucket below zero, so nothing the engines did goes
-uncounted (Kthena drops an output charge the bucket cannot cover); a later request waits
-until the debt is refilled.
+tokens there and takes `want` (at least `need`): input takes its estimate, output needs one
+token (Kthena's rule) and reserves the request's max_tokens in full, so concurrent requests
+are not all admitted on the same last tokens. What the reservation finds missing is a debt
+at once: the next admission waits until refills have paid it. (Reserving only what is there
+let every refilled token admit one more request whose shortfall showed only as it
+streamed.) Charges after admission (the real prompt size, output beyond its reservation)
+are taken unconditionally and may drive the bucket below zero, so nothing the engines did
+goes uncounted (Kthena drops an output charge the bucket cannot cover).
 
 A global bucket lives in Redis (redis_store.py). This worker holds a lease: tokens taken
 from Redis in one round trip (`chunk` more than the request needs) and spent locally, so
@@ -60,10 +61,10 @@ class LocalBucket:
         return tokens
 
     def acquire(self, need: float, want: float, now: float) -> Refusal | float:
-        """Admitted when `need` is there: takes min(want, what is there) and returns it."""
+        """Admitted when `need` is there: takes `want` (what is missing: a debt) and returns it."""
         tokens = self._refill(now)
         if tokens >= need:
-            took = min(want, tokens) if want > 0 else 0.0
+            took = max(need, want) if want > 0 else 0.0
             self.tokens = tokens - took
             return took
         return Refusal(self.capacity, tokens, (need - tokens) / self.rate, (self.capacity - tokens) / self.rate)
@@ -98,9 +99,12 @@ class LeasedBucket:
         self.chunk = math.floor(capacity * lease_percent / 100.0)
 
     def acquire_local(self, need: float, want: float) -> float | None:
-        """From the lease alone (no round trip): what was taken, None = not enough there."""
-        if self.lease >= need:
-            took = min(want, self.lease) if want > 0 else 0.0
+        """From the lease alone (no round trip): what was taken, None = the lease does not
+        cover the whole reservation. Then Redis decides (RedisStore.take, the lease counted
+        with Redis' tokens): a lease of a few tokens must not admit a request while the
+        shared bucket is in debt."""
+        took = max(need, want) if want > 0 else 0.0
+        if self.lease >= need and self.lease >= took:
             self.lease -= took
             self.used_at = time.monotonic()
             return took

@@ -10,8 +10,9 @@ Buckets a request passes (each dimension it has: input tokens, output tokens, re
 Kthena's `ModelRoute.spec.rateLimit` (global when it names a Redis), and from the
 `rateLimits` section the route's total, its tenant's, its user's, its (tenant, model)'s,
 and the API key's own limits. Input needs the estimate to be there and takes it; output
-needs one token to be there (Kthena's rule), reserves up to the request's max_tokens of
-what is there, and is charged beyond that reservation as it streams; requests take 1.
+needs one token to be there (Kthena's rule), reserves the request's max_tokens (what is
+missing is a debt at once), and is charged beyond that reservation as it streams; requests
+take 1.
 A refusal by any bucket gives back what the others took.
 """
 

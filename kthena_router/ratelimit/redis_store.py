@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["LUA", "RedisStore", "StoreDown"]
 
-# ARGV: op (take|charge|give), need, want, capacity, rate (tokens/s), ttl (s).
-# take: grant min(want, tokens) if at least `need` is there, else nothing.
+# ARGV: op (take|charge|give), need, want, capacity, rate (tokens/s), ttl (s), floor.
+# take: if at least `need` is there, grant min(want, tokens) but no less than `floor` (the
+# request's whole reservation: what is missing is a debt at once), else nothing.
 # charge: subtract `need` unconditionally (may go negative). give: add back, up to capacity.
 # Returns {granted, tokens after} as strings (Lua numbers returned as replies are truncated).
 LUA = """
@@ -49,7 +50,7 @@ local need = tonumber(ARGV[2])
 local grant = 0
 if op == 'take' then
   if tokens >= need then
-    grant = math.max(need, math.min(tonumber(ARGV[3]), tokens))
+    grant = math.max(need, tonumber(ARGV[7]) or need, math.min(tonumber(ARGV[3]), tokens))
     tokens = tokens - grant
   end
 elseif op == 'charge' then
@@ -100,12 +101,13 @@ class RedisStore:
             b.reshape(capacity, rate, lease_percent)
         return b
 
-    async def _call(self, op: str, b: LeasedBucket, need: float, want: float) -> tuple[float, float]:
+    async def _call(self, op: str, b: LeasedBucket, need: float, want: float,
+                    floor: float = 0.0) -> tuple[float, float]:
         if time.monotonic() < self.down_until:
             raise StoreDown(self.address)
         ttl = max(60, math.ceil(2 * b.capacity / b.rate))  # twice the time to refill from empty
         try:
-            res = await self.script(keys=[b.key], args=[op, need, want, b.capacity, b.rate, ttl])
+            res = await self.script(keys=[b.key], args=[op, need, want, b.capacity, b.rate, ttl, floor])
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             if time.monotonic() >= self.down_until:
                 log.warning("rate-limit store %s unreachable (%s); retrying in %.1fs", self.address,
@@ -118,10 +120,13 @@ class RedisStore:
 
     async def take(self, b: LeasedBucket, need: float, want: float) -> Refusal | float:
         """A round trip for what the lease lacks (to `want`) plus a chunk; admitted when
-        `need` is there: returns what was taken (as LeasedBucket.acquire_local)."""
+        `need` is there, the lease and Redis' tokens together; the whole reservation is taken
+        (what Redis lacks for it is a debt there at once): returns what was taken (as
+        LeasedBucket.acquire_local)."""
         for _ in range(2):  # another request may spend the new lease during the await
             deficit = need - b.lease
-            granted, b.remote = await self._call("take", b, deficit, max(deficit, want - b.lease) + b.chunk)
+            full = max(deficit, want - b.lease)
+            granted, b.remote = await self._call("take", b, deficit, full + b.chunk, full)
             if granted <= 0:
                 return b.refusal(need)
             b.lease += granted

@@ -120,11 +120,12 @@ def test_local_bucket_refills_goes_into_debt_and_reports() -> None:
     b.charge(30)  # unconditional: settlement above the estimate
     assert b.tokens == -30
     assert isinstance(b.acquire(1, 50, 2.0), Refusal)  # output needs one token there
-    assert b.acquire(1, 50, 5.2) == pytest.approx(2.0) and b.tokens == 0  # reserves what is there
-    assert b.acquire(0, 0, 5.2) == 0
+    assert b.acquire(1, 50, 5.2) == 50 and b.tokens == pytest.approx(-48)  # all 50: 48 of debt at once
+    assert isinstance(b.acquire(1, 50, 5.2), Refusal)  # so the next one waits for the refill to pay it
+    assert b.acquire(0, 0, 10.0) == 0  # paid off by 10.0 s (48 at 10 per s)
     b.charge(-1000)
     assert b.tokens == 100  # a refund never exceeds the capacity
-    assert b.acquire(1, 40, 5.2) == 40 and b.tokens == 60  # a full reservation when it is there
+    assert b.acquire(1, 40, 10.0) == 40 and b.tokens == 60  # a full reservation when it is there
 
 
 def test_leased_bucket_spends_locally_then_owes() -> None:
@@ -133,7 +134,8 @@ def test_leased_bucket_spends_locally_then_owes() -> None:
     b.lease = 25
     assert b.acquire_local(5, 5) == 5 and b.lease == 20
     assert b.acquire_local(1, 0) == 0 and b.lease == 20  # a check takes nothing
-    assert b.acquire_local(1, 50) == 20 and b.lease == 0  # a partial reservation
+    assert b.acquire_local(1, 50) is None and b.lease == 20  # less than the reservation: Redis decides
+    assert b.acquire_local(1, 20) == 20 and b.lease == 0
     b.lease = 20
     assert not b.charge(10) and b.charge(15) and b.lease == -5  # a debt to pay to Redis
 
@@ -215,19 +217,20 @@ def test_output_reserves_max_tokens_so_concurrent_requests_cannot_share_the_last
         a = await plan.admit(_x(), body(max_tokens=40), ANONYMOUS)
         b = await plan.admit(_x(), body(max_completion_tokens=20, n=2), ANONYMOUS)
         assert out.tokens == pytest.approx(20, abs=0.1)
-        c = await plan.admit(_x(), body(max_tokens=40), ANONYMOUS)  # one token there: admitted, reserves 20
-        assert out.tokens == pytest.approx(0, abs=0.1)
+        c = await plan.admit(_x(), body(max_tokens=40), ANONYMOUS)  # 20 there: admitted, reserves 40
+        assert out.tokens == pytest.approx(-20, abs=0.1)  # the 20 missing are owed at once
         with pytest.raises(RequestError) as ei:
-            await plan.admit(_x(), body(max_tokens=40), ANONYMOUS)
+            await plan.admit(_x(), body(max_tokens=1), ANONYMOUS)  # not even one token there
         assert ei.value.status == 429
         a.streamed(b"data: {}\n\n" * 30)  # within its reservation: nothing charged yet
-        assert out.tokens == pytest.approx(0, abs=0.1)
-        c.streamed(b"data: {}\n\n" * 25)  # 5 beyond its partial reservation
-        assert out.tokens == pytest.approx(-5, abs=0.1)
+        c.streamed(b"data: {}\n\n" * 25)
+        assert out.tokens == pytest.approx(-20, abs=0.1)
+        c.streamed(b"data: {}\n\n" * 20)  # 45 streamed: 5 beyond its reservation
+        assert out.tokens == pytest.approx(-25, abs=0.1)
         a.settle(_x(completion=31))  # 9 of its 40 come back
         b.settle(_x(status=503))  # never served: all 40 come back
-        c.settle(_x(completion=25))
-        assert out.tokens == pytest.approx(100 - 31 - 25, abs=0.1)
+        c.settle(_x(completion=45))
+        assert out.tokens == pytest.approx(100 - 31 - 45, abs=0.1)
 
     asyncio.run(go())
 
