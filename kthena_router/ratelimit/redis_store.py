@@ -50,7 +50,7 @@ local need = tonumber(ARGV[2])
 local grant = 0
 if op == 'take' then
   if tokens >= need then
-    grant = math.max(need, tonumber(ARGV[7]) or need, math.min(tonumber(ARGV[3]), tokens))
+    grant = math.max(need, tonumber(ARGV[7]), math.min(tonumber(ARGV[3]), tokens))
     tokens = tokens - grant
   end
 elseif op == 'charge' then

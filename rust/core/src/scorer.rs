@@ -380,7 +380,7 @@ impl Scorer {
     }
 
     /// Dispatches (+) and completions (-) of the pod's other workers on `id`, relayed;
-    /// counted in `load` until the next scrape.
+    /// `load` counts the change since the last scrape.
     pub fn add_remote_in_flight(&mut self, id: u32, delta: i64) {
         let e = self.sig_mut(id);
         e.remote_in_flight = e.remote_in_flight.saturating_add(delta);
