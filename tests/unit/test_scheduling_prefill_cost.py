@@ -4,8 +4,10 @@ its end), and the score trades that work against this request's own uncached blo
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
-from test_scheduling_scheduler import KEY, cfg, chat, endpoints, sched, snap
+from test_scheduling_scheduler import KEY, SYSTEM, cfg, chat, endpoints, sched, snap
 
 from kthena_router.scheduling.config import ConfigError, load_router_configuration_bytes
 from kthena_router.scheduling.request import RequestInfo
@@ -17,12 +19,18 @@ def _pending(s, ep) -> float:  # type: ignore[no-untyped-def]
     return float(sig["pending_blocks"])
 
 
-def test_pending_work_lasts_until_the_first_token_or_the_end() -> None:
-    s, _ = sched(cfg("prefill-cost"))
+def _fresh(doc: str):  # type: ignore[no-untyped-def]
+    """A scheduler over two idle, freshly scraped endpoints."""
+    s, _ = sched(doc)
     eps = endpoints(2)
     s.sync({KEY: eps})
     for ep in eps:
         s.on_snapshot(snap(ep))
+    return s, eps
+
+
+def test_pending_work_lasts_until_the_first_token_or_the_end() -> None:
+    s, eps = _fresh(cfg("prefill-cost"))
     info = chat("r1", "first question")
     first = s.candidates(KEY, eps, info)[0]
     s.dispatched(first, info)
@@ -61,11 +69,7 @@ MIX = cfg("prefix-cache", "least-request").replace(
 
 
 def test_pending_cold_work_on_the_holder_spills_a_hit_elsewhere() -> None:
-    s, _ = sched(MIX)
-    eps = endpoints(2)
-    s.sync({KEY: eps})
-    for ep in eps:
-        s.on_snapshot(snap(ep))
+    s, eps = _fresh(MIX)
     info = chat("warm", "q")
     holder = s.candidates(KEY, eps, info)[0]
     s.dispatched(holder, info)
@@ -94,10 +98,37 @@ def test_pending_cold_work_on_the_holder_spills_a_hit_elsewhere() -> None:
     assert s2.candidates(KEY, eps, chat("stay", "one more"))[0] is holder
 
 
-def test_prefill_cost_has_no_arguments() -> None:
-    doc = cfg("prefill-cost") + "  pluginConfig:\n  - name: prefill-cost\n    args: {maxWaitingRequests: 3}\n"
-    with pytest.raises(ConfigError):
-        load_router_configuration_bytes(doc.encode(), source="t.yaml")
+def _with_args(args: str) -> str:
+    return cfg("prefill-cost") + f"  pluginConfig:\n  - name: prefill-cost\n    args: {args}\n"
+
+
+def test_prefill_cost_takes_only_copy_cost() -> None:
+    with pytest.raises(ConfigError, match="maxWaitingRequests"):
+        load_router_configuration_bytes(_with_args("{maxWaitingRequests: 3}").encode(), source="t.yaml")
+    with pytest.raises(ConfigError, match="copyCost"):
+        load_router_configuration_bytes(_with_args("{copyCost: 5}").encode(), source="t.yaml")
+    c = load_router_configuration_bytes(_with_args("{copyCost: 0.5}").encode(), source="t.yaml")
+    assert c.scheduler.scorer_args()["prefill-cost"] == {"copyCost": 0.5}
+
+
+@pytest.mark.parametrize("kv_usage, stays", [(1.0, True), (0.0, False)])
+def test_copy_cost_keeps_a_hit_off_an_engine_whose_kv_is_full(kv_usage: float, stays: bool) -> None:
+    s, eps = _fresh(_with_args("{copyCost: 1}"))
+    warm = chat("warm", "q")
+    holder = s.candidates(KEY, eps, warm)[0]
+    s.dispatched(holder, warm)
+    s.finished(holder, 0.1, None, warm)
+    other = next(ep for ep in eps if ep is not holder)
+    # a cold prompt as long as the hit's is being prefilled on the holder: one cold prefill
+    # elsewhere costs less than the hit's turn there, unless the copy it makes is priced
+    body = {"model": "demo", "messages": [{"role": "system", "content": "X" + SYSTEM[1:]},
+                                          {"role": "user", "content": "q"}]}
+    cold = RequestInfo("cold", "/v1/chat/completions", body, "demo", "", "demo")
+    s.candidates(KEY, eps, cold)
+    s.dispatched(holder, cold)
+    s.on_snapshot(dataclasses.replace(snap(other), last_kv_usage=kv_usage))
+    chosen = s.candidates(KEY, eps, chat("hit", "q"))[0]
+    assert (chosen is holder) == stays
 
 
 def test_a_front_decision_counts_pending_work_on_every_scorer_of_the_endpoint() -> None:

@@ -26,20 +26,38 @@
 //! blocks of difference then weigh what they are worth against one prompt, instead of
 //! spreading the scores as widely as a long prefill would (which overrode prefix and
 //! adapter affinity on fully cached traffic). A stale endpoint scores 0 (unknown is worst).
+//!
+//! `copyCost` (ours) adds the price of the prefix copy a move makes:
+//! `copyCost * kv(e) * total * (held - prefix(e))`, where `held` is the largest prefix any
+//! candidate holds and `kv(e)` the engine's KV usage. Without it a hit leaves its holder as
+//! soon as one cold prefill elsewhere is cheaper than the holder's queue, which on a KV-bound
+//! engine costs more than that request's TTFT (docs/hard-workloads-copy-cost.md).
 
-use super::{inverse_norm_one, max_known, Ctx, Policy, PolicyInfo};
+use super::{inverse_norm_one, max_known, ArgSpec, Args, Ctx, Policy, PolicyInfo};
+
+/// Ours: the price of the prefix copy a move creates, per block the request would prefill
+/// here that another candidate holds, scaled by this engine's KV usage. A copy on an
+/// engine whose cache is full takes the place of as many blocks of other work (a running
+/// request's, or a cached prefix's that will be prefilled again), which the request's own
+/// TTFT does not pay; on an engine with room it costs nothing. 0 = off (the cost before it).
+const COPY: ArgSpec = ArgSpec::float("copyCost", "copy_cost", 1.0)
+    .range(0.0, 4.0)
+    .ours();
 
 pub const INFO: PolicyInfo = PolicyInfo {
     affinity: true,
     prefix_input: true,
+    args: &[COPY],
     ..PolicyInfo::score("prefill-cost", build)
 };
 
-fn build(_: &super::Args) -> Result<Box<dyn Policy>, String> {
-    Ok(Box::new(PrefillCost))
+fn build(args: &Args) -> Result<Box<dyn Policy>, String> {
+    Ok(Box::new(PrefillCost { copy: args.value(&COPY).unwrap_or(1.0) }))
 }
 
-pub struct PrefillCost;
+pub struct PrefillCost {
+    copy: f64,
+}
 
 impl Policy for PrefillCost {
     fn name(&self) -> &'static str {
@@ -47,13 +65,22 @@ impl Policy for PrefillCost {
     }
 
     fn score(&self, ctx: &Ctx, cands: &[u32], out: &mut [f64]) {
+        let frac = |s: u32| ctx.prefix[s as usize].clamp(0.0, 1.0);
+        let held = if self.copy > 0.0 {
+            cands.iter().map(|&s| frac(s)).fold(0.0, f64::max)
+        } else {
+            0.0
+        };
         let cost = |s: u32| {
             let e = &ctx.eps[s as usize];
             if e.stale {
                 return f64::INFINITY;
             }
-            let own = ctx.total_blocks * (1.0 - ctx.prefix[s as usize].clamp(0.0, 1.0));
-            e.pending_blocks + own
+            let own = ctx.total_blocks * (1.0 - frac(s));
+            // unknown usage counts as full (unknown is worst)
+            let kv = if e.kv_usage.is_nan() { 1.0 } else { e.kv_usage.clamp(0.0, 1.0) };
+            let copy = self.copy * kv * ctx.total_blocks * (held - frac(s)).max(0.0);
+            e.pending_blocks + own + copy
         };
         let scale = max_known(cost, cands).max(ctx.total_blocks);
         for (o, &s) in out.iter_mut().zip(cands) {
@@ -96,6 +123,29 @@ mod tests {
         eps[1].stale = true;
         let s = run_total(&*p, &eps, &[0.0, 1.0, 0.0], 10.0);
         assert!(s[0] > 0.0 && s[1] == 0.0, "{s:?}");
+    }
+
+    #[test]
+    fn copy_cost_prices_a_move_by_the_target_kv_usage() {
+        let p = make("prefill-cost", &[]); // copyCost 1
+        let mut eps: Vec<_> = (0..3).map(sig).collect();
+        let frac = [0.9, 0.0, 0.0];
+        // 120 blocks of cold work on the holder: a move pays 100, plus its copy of the
+        // 90 held blocks times the target's KV usage.
+        eps[0].pending_blocks = 120.0;
+        let s = run_total(&*p, &eps, &frac, 100.0); // 130 vs 100 vs 100: room, move
+        assert!(s[1] > s[0] && s[1] == s[2], "{s:?}");
+        eps[1].kv_usage = 1.0;
+        eps[2].kv_usage = 0.5;
+        let s = run_total(&*p, &eps, &frac, 100.0); // 130 vs 190 vs 145: stay
+        assert!(s[0] > s[2] && s[2] > s[1], "{s:?}");
+        eps[2].kv_usage = f64::NAN; // unknown usage: full
+        let s = run_total(&*p, &eps, &frac, 100.0);
+        assert_eq!(s[1], s[2], "{s:?}");
+        // Nothing held anywhere: no copy to price, the cost is as without the argument.
+        let off = make("prefill-cost", &[("copyCost", 0.0)]);
+        let cold = [0.0, 0.0, 0.0];
+        assert_eq!(run_total(&*p, &eps, &cold, 100.0), run_total(&*off, &eps, &cold, 100.0));
     }
 
     #[test]
