@@ -186,6 +186,9 @@ class Scorer:
     def add_pending(self, endpoint: int, blocks: float) -> None:
         """Prefill work dispatched to `endpoint` (+ the request's uncached prefix blocks) or
         done there (- the same, at its first token or end); prefill-cost's cost. Floored at 0."""
+    def set_realization(self, endpoint: int, realization: float) -> None:
+        """The share of the prefix hits the index credits `endpoint` with that its engine
+        reports serving (0..1, clamped; NaN = not measured, 1); prefill-cost's realizedPrefix."""
     def set_loras(self, endpoint: int, lora_ids: list[int], max_loras: int) -> None:
         """Loaded adapters (caller-interned ids) and the engine's adapter capacity."""
     def signals(self, endpoint: int) -> dict[str, object] | None:

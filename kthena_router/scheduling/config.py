@@ -138,13 +138,13 @@ class SchedulerSettings:
     scores_disabled: tuple[str, ...] = ()
 
     def scorer_args(self) -> dict[str, dict[str, object]]:
-        """`pluginConfig` in the shape `_core.Scorer(args=...)` takes: the numeric arguments
-        by Kthena's names, resolved values (None = absent, left out). The scorer checks
-        those its policies read and accepts the router's (registry reader "router")."""
+        """`pluginConfig` in the shape `_core.Scorer(args=...)` takes: the numeric and boolean
+        arguments by Kthena's names, resolved values (None = absent, left out). The scorer
+        checks those its policies read and accepts the router's (registry reader "router")."""
         out: dict[str, dict[str, object]] = {}
         for name, a in self.args.items():
             kv = {s.name: v for s in PLUGINS[name].args
-                  if s.kind in ("int", "float") and (v := getattr(a, s.field)) is not None}
+                  if s.kind in ("int", "float", "bool") and (v := getattr(a, s.field)) is not None}
             if kv:
                 out[name] = kv
         return out

@@ -43,6 +43,7 @@ from kthena_router.engine_state.snapshot import EndpointSnapshot
 from kthena_router.metrics import RouterMetrics
 
 from .config import PrefixCacheArgs, PrefixHashBoundedArgs, SchedulerSettings
+from .hit_realization import HitRealization
 from .index_sizing import IndexSizer
 from .plugins import KEY_PLUGINS, PREFIX_PLUGINS
 from .request import RequestInfo
@@ -114,6 +115,8 @@ class Scheduler:
         self.use_key = any(cfg.enabled(n) for n in KEY_PLUGINS)
         # prefill-cost: each dispatch's uncached blocks are pending there until its first token
         self.learn_cost = cfg.enabled("prefill-cost")
+        pc = cfg.args.get("prefill-cost")  # realizedPrefix: measure what engines still hold
+        self.realization = HitRealization() if self.learn_cost and getattr(pc, "realized_prefix", False) else None
         self.kv_matcher: KvAwareMatcher | None = None
         self._kv_dispatched: Callable[[int, BlockHashes], None] | None = None
         fixed = self.prefix_args.max_hash_cache_size
@@ -181,6 +184,8 @@ class Scheduler:
             ep_id = self._ids.pop(ep_key)
             self.index.remove_endpoint(ep_id)
             self._capacity.pop(ep_id, None)
+            if self.realization is not None:
+                self.realization.forget(ep_id)
             self._kv_tokens.pop(ep_id, None)
             self._snapshots.pop(ep_key, None)
         self._rebuild_scorers_of()
@@ -369,6 +374,8 @@ class Scheduler:
             for scorer in scorers:
                 scorer.add_pending(ep_id, blocks)
             info.pending = (self, scorers, ep_id, blocks)
+            if self.realization is not None:
+                self.realization.dispatched(ep_id, total - blocks, total)
         if info is not None and info.hashes is not None and len(info.hashes):
             self.index.insert(ep_id, info.hashes)
             if self._kv_dispatched is not None:  # the matcher's in-flight overlay (kv_matcher.RECENT_S)
@@ -428,6 +435,8 @@ class Scheduler:
                         scorer.add_pending(ep_id, pending)
             if counted:
                 info.pending = (self, scorers, ep_id, pending)
+                if self.realization is not None and info.hashes is not None:
+                    self.realization.dispatched(ep_id, len(info.hashes) - pending, len(info.hashes))
             if self.flight_listener is not None:
                 self.flight_listener(ep.key, 1, "")  # the front decides base-model requests only
             hashes = info.hashes
@@ -495,8 +504,12 @@ class Scheduler:
         if (prev is None or prev.stale != snap.stale) and (snap.stale or snap.scraped_at is not None):
             self.metrics.set_metrics_stale(snap.key, snap.stale)
         self._snapshots[snap.key] = snap
+        real = self.realization
+        measured = None if real is None else real.scraped(ep_id, None if snap.stale else snap.prefix_hit_rate)
         for view in self._views_of.get(snap.key, ()):
             self._push(view.scorer, ep_id, snap)
+            if measured is not None:
+                view.scorer.set_realization(ep_id, measured)
             # the guard's decisions, counted in Rust, published at scrape pace (not per request)
             n = view.scorer.hot_spot_count
             if n != view.guard_seen:

@@ -110,7 +110,8 @@ def test_kthena_testdata_loads(tmp_path):
     assert s.scorer_args()["prefix-cache"] == {"blockSizeToHash": 64, "maxBlocksToMatch": 128,
                                                "maxHashCacheSize": 50000, "topKMatches": 5,
                                                # ours, at its default
-                                               "evictedHintSlots": PrefixCacheArgs().evicted_hint_slots}
+                                               "evictedHintSlots": PrefixCacheArgs().evicted_hint_slots,
+                                               "balanceMisses": False}
     assert cfg.warnings == () and cfg.auth is None
 
 

@@ -102,13 +102,59 @@ def _with_args(args: str) -> str:
     return cfg("prefill-cost") + f"  pluginConfig:\n  - name: prefill-cost\n    args: {args}\n"
 
 
-def test_prefill_cost_takes_only_copy_cost() -> None:
+def test_prefill_cost_takes_only_its_own_args() -> None:
     with pytest.raises(ConfigError, match="maxWaitingRequests"):
         load_router_configuration_bytes(_with_args("{maxWaitingRequests: 3}").encode(), source="t.yaml")
     with pytest.raises(ConfigError, match="copyCost"):
         load_router_configuration_bytes(_with_args("{copyCost: 5}").encode(), source="t.yaml")
     c = load_router_configuration_bytes(_with_args("{copyCost: 0.5}").encode(), source="t.yaml")
-    assert c.scheduler.scorer_args()["prefill-cost"] == {"copyCost": 0.5}
+    assert c.scheduler.scorer_args()["prefill-cost"]["copyCost"] == 0.5
+    with pytest.raises(ConfigError, match="realizedPrefix"):
+        load_router_configuration_bytes(_with_args("{realizedPrefix: 2}").encode(), source="t.yaml")
+    c = load_router_configuration_bytes(_with_args("{realizedPrefix: false}").encode(), source="t.yaml")
+    assert c.scheduler.scorer_args()["prefill-cost"]["realizedPrefix"] is False
+
+
+@pytest.mark.parametrize("realized, stays", [("true", False), ("false", True)])
+def test_a_holder_that_evicted_its_prefix_loses_its_credit(realized: str, stays: bool) -> None:
+    # the argument reaches the Rust policy from the file: the same measurements, the
+    # opposite decisions
+    s, eps = _fresh(_with_args(f"{{realizedPrefix: {realized}, copyCost: 0}}"))
+    warm = chat("warm", "q")
+    holder = s.candidates(KEY, eps, warm)[0]
+    for info in (warm, chat("hit", "q2")):  # a cold prompt, then a predicted hit
+        s.candidates(KEY, eps, info)
+        s.dispatched(holder, info)
+        s.finished(holder, 0.1, None, info)
+    s.on_snapshot(dataclasses.replace(snap(holder), last_prefix_hit_rate=0.0))  # it served none
+    # a cold prompt half as long is being prefilled on the holder: the hit's turn there costs
+    # that half plus its few uncached blocks as credited, plus its whole prompt as realized
+    half = "X" + SYSTEM[1:len(SYSTEM) // 2]
+    cold = RequestInfo("cold", "/v1/chat/completions",
+                       {"model": "demo", "messages": [{"role": "system", "content": half},
+                                                      {"role": "user", "content": "q"}]}, "demo", "", "demo")
+    s.candidates(KEY, eps, cold)
+    s.dispatched(holder, cold)
+    chosen = s.candidates(KEY, eps, chat("again", "q3"))[0]
+    assert (chosen is holder) == stays
+
+
+def test_a_scrape_pushes_the_measured_realization_to_every_scorer() -> None:
+    s, eps = _fresh(_with_args("{realizedPrefix: true}"))
+    warm = chat("warm", "q")
+    holder = s.candidates(KEY, eps, warm)[0]
+    s.dispatched(holder, warm)
+    hit = chat("warm", "q2")  # the same system prompt: the index predicts its hit
+    s.candidates(KEY, eps, hit)
+    s.dispatched(holder, hit)
+    s.on_snapshot(dataclasses.replace(snap(holder), last_prefix_hit_rate=0.0))
+    sig = s.signals(KEY, holder.key)
+    assert sig is not None and sig["hit_realization"] == 0.0
+    # an engine that reports nothing: unmeasured, trusted as credited
+    other = next(ep for ep in eps if ep is not holder)
+    s.on_snapshot(snap(other))
+    sig = s.signals(KEY, other.key)
+    assert sig is not None and sig["hit_realization"] == 1.0
 
 
 @pytest.mark.parametrize("kv_usage, stays", [(1.0, True), (0.0, False)])

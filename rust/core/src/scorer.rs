@@ -54,6 +54,10 @@ pub struct Signals {
     /// prompt blocks of the requests dispatched here whose first token has not arrived
     /// ([`Scorer::add_pending`]).
     pub pending_blocks: f64,
+    /// The share of the prefix the router's index credits this engine with that the engine
+    /// reports serving from its cache (0..1, 1 = as credited or not measured): what it
+    /// evicted that the index still lists ([`Scorer::set_realization`]).
+    pub hit_realization: f64,
     pub stale: bool,
     /// Loaded LoRA adapter ids (the caller's interning of adapter names) and capacity.
     pub loras: Vec<u32>,
@@ -81,6 +85,7 @@ impl Signals {
             ttft_s: f64::NAN,
             tpot_s: f64::NAN,
             pending_blocks: 0.0,
+            hit_realization: 1.0,
             stale: true,
             loras: Vec::new(),
             max_loras: 0,
@@ -409,6 +414,11 @@ impl Scorer {
             let e = self.sig_mut(id);
             e.pending_blocks = (e.pending_blocks + blocks).max(0.0);
         }
+    }
+
+    /// The engine's measured share of its credited prefix hits (0..1); NaN = not measured (1).
+    pub fn set_realization(&mut self, id: u32, r: f64) {
+        self.sig_mut(id).hit_realization = if r.is_nan() { 1.0 } else { r.clamp(0.0, 1.0) };
     }
 
     pub fn set_loras(&mut self, id: u32, loras: &[u32], max_loras: u32) {

@@ -177,6 +177,12 @@ impl Scorer {
         self.lock().add_pending(endpoint, blocks);
     }
 
+    /// The share of its credited prefix hits the engine reports serving (prefill-cost's
+    /// `realizedPrefix`); NaN = not measured (1).
+    fn set_realization(&mut self, endpoint: u32, realization: f64) {
+        self.lock().set_realization(endpoint, realization);
+    }
+
     fn set_loras(&mut self, endpoint: u32, lora_ids: Vec<u32>, max_loras: u32) {
         self.lock().set_loras(endpoint, &lora_ids, max_loras);
     }
@@ -197,6 +203,7 @@ impl Scorer {
         d.set_item("ttft_s", s.ttft_s)?;
         d.set_item("tpot_s", s.tpot_s)?;
         d.set_item("pending_blocks", s.pending_blocks)?;
+        d.set_item("hit_realization", s.hit_realization)?;
         d.set_item("stale", s.stale)?;
         d.set_item("loras", s.loras.clone())?;
         d.set_item("max_loras", s.max_loras)?;

@@ -32,6 +32,12 @@
 //! candidate holds and `kv(e)` the engine's KV usage. Without it a hit leaves its holder as
 //! soon as one cold prefill elsewhere is cheaper than the holder's queue, which on a KV-bound
 //! engine costs more than that request's TTFT (docs/hard-workloads-copy-cost.md).
+//!
+//! `realizedPrefix` (ours) scales each engine's `prefix(e)` by its hit realization: the
+//! share of the hits the index credited it with that the engine reports serving
+//! ([`crate::scorer::Signals::hit_realization`]). The index cannot see an engine evict what
+//! its running requests crowd out; without this, such an engine keeps the sessions it is
+//! evicting (both its own cost and the copy a move would make are priced as if it held them).
 
 use super::{inverse_norm_one, max_known, ArgSpec, Args, Ctx, Policy, PolicyInfo};
 
@@ -44,19 +50,28 @@ const COPY: ArgSpec = ArgSpec::float("copyCost", "copy_cost", 1.0)
     .range(0.0, 4.0)
     .ours();
 
+/// Ours: scale each engine's credited prefix by its measured hit realization (1 where the
+/// engine reports no prefix-cache counters). Off by default: it also reads the lag between
+/// a dispatch and its prefill as eviction (docs/hard-workloads-realized-prefix.md).
+const REALIZED: ArgSpec = ArgSpec::bool("realizedPrefix", "realized_prefix", false).ours();
+
 pub const INFO: PolicyInfo = PolicyInfo {
     affinity: true,
     prefix_input: true,
-    args: &[COPY],
+    args: &[COPY, REALIZED],
     ..PolicyInfo::score("prefill-cost", build)
 };
 
 fn build(args: &Args) -> Result<Box<dyn Policy>, String> {
-    Ok(Box::new(PrefillCost { copy: args.value(&COPY).unwrap_or(1.0) }))
+    Ok(Box::new(PrefillCost {
+        copy: args.value(&COPY).unwrap_or(1.0),
+        realized: args.value(&REALIZED).unwrap_or(0.0) != 0.0,
+    }))
 }
 
 pub struct PrefillCost {
     copy: f64,
+    realized: bool,
 }
 
 impl Policy for PrefillCost {
@@ -65,7 +80,14 @@ impl Policy for PrefillCost {
     }
 
     fn score(&self, ctx: &Ctx, cands: &[u32], out: &mut [f64]) {
-        let frac = |s: u32| ctx.prefix[s as usize].clamp(0.0, 1.0);
+        let frac = |s: u32| {
+            let f = ctx.prefix[s as usize].clamp(0.0, 1.0);
+            if self.realized {
+                f * ctx.eps[s as usize].hit_realization
+            } else {
+                f
+            }
+        };
         let held = if self.copy > 0.0 {
             cands.iter().map(|&s| frac(s)).fold(0.0, f64::max)
         } else {
@@ -146,6 +168,52 @@ mod tests {
         let off = make("prefill-cost", &[("copyCost", 0.0)]);
         let cold = [0.0, 0.0, 0.0];
         assert_eq!(run_total(&*p, &eps, &cold, 100.0), run_total(&*off, &eps, &cold, 100.0));
+    }
+
+    #[test]
+    fn realized_prefix_discounts_what_the_engine_evicted() {
+        let on = make("prefill-cost", &[("realizedPrefix", 1.0)]);
+        let off = make("prefill-cost", &[]); // the default
+        let mut eps: Vec<_> = (0..3).map(sig).collect();
+        for e in &mut eps {
+            e.kv_usage = 0.8;
+        }
+        let frac = [0.9, 0.0, 0.0];
+        // Measured as credited: the argument changes nothing.
+        assert_eq!(run_total(&*on, &eps, &frac, 100.0), run_total(&*off, &eps, &frac, 100.0));
+        // The holder serves half its credited hits and has 60 blocks of cold work queued:
+        // credited, staying costs 70 against a move's 100 + 0.8 * 90; realized, 115 against
+        // 100 + 0.8 * 45 (the target copies less than the index credits), so it stays
+        // either way, but by far less.
+        eps[0].pending_blocks = 60.0;
+        eps[0].hit_realization = 0.5;
+        let s_off = run_total(&*off, &eps, &frac, 100.0);
+        let s_on = run_total(&*on, &eps, &frac, 100.0);
+        assert!(s_off[0] > s_off[1] && s_on[0] > s_on[1], "{s_off:?} {s_on:?}");
+        assert!(s_on[0] - s_on[1] < s_off[0] - s_off[1], "{s_off:?} {s_on:?}");
+        // 100 blocks queued there: realized, the move (136) beats staying (155); credited
+        // (110 against 172), the sessions stay on the engine that evicts them.
+        eps[0].pending_blocks = 100.0;
+        let s_off = run_total(&*off, &eps, &frac, 100.0);
+        let s_on = run_total(&*on, &eps, &frac, 100.0);
+        assert!(s_off[0] > s_off[1], "{s_off:?}");
+        assert!(s_on[1] > s_on[0] && s_on[1] == s_on[2], "{s_on:?}");
+    }
+
+    #[test]
+    fn realization_is_clamped_and_unmeasured_is_one() {
+        let mut sc = crate::scorer::Scorer::new(&Default::default()).unwrap();
+        sc.add_endpoint(3);
+        let r = |sc: &crate::scorer::Scorer| sc.signals(3).unwrap().hit_realization;
+        assert_eq!(r(&sc), 1.0);
+        sc.set_realization(3, 0.4);
+        assert_eq!(r(&sc), 0.4);
+        sc.set_realization(3, 1.7);
+        assert_eq!(r(&sc), 1.0);
+        sc.set_realization(3, -0.2);
+        assert_eq!(r(&sc), 0.0);
+        sc.set_realization(3, f64::NAN);
+        assert_eq!(r(&sc), 1.0);
     }
 
     #[test]
