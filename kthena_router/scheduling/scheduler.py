@@ -34,7 +34,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
-from typing import Any, Protocol
+from typing import Any
 
 from kthena_router._core import BlockHashes, PrefixIndex, Scorer, prefix_key, prefix_seed
 from kthena_router.endpoints.registry import EndpointState, ServerKey
@@ -45,6 +45,7 @@ from kthena_router.metrics import RouterMetrics
 from .config import PrefixCacheArgs, PrefixHashBoundedArgs, SchedulerSettings
 from .hit_realization import HitRealization
 from .index_sizing import IndexSizer
+from .matcher_hook import KvAwareMatcher
 from .plugins import KEY_PLUGINS, PREFIX_PLUGINS
 from .request import RequestInfo
 
@@ -57,22 +58,6 @@ MAX_CANDIDATES = 16  # retries never walk further; keeps the id -> endpoint mapp
 MISS_FRACTION = 0.5  # balanceMisses: a best match below this share of the prompt is a miss
 _NAN = math.nan
 _best = itemgetter(1)
-
-
-class KvAwareMatcher(Protocol):
-    """Hook for the exact `kvcache-aware` plugin (KV events). Returns (matches, total
-    blocks) where matches are [(endpoint id, matched blocks)] from the engines' true cache,
-    merged with `approx` for endpoints whose event stream is down; None = unavailable
-    (the scheduler then uses `approx`, i.e. prefix-cache behaviour). The matcher counts
-    its fallbacks in kthena_router_kvcache_aware_fallback_total itself (scheduling/kv_matcher.py)."""
-
-    sourced: frozenset[int]  # endpoint ids with an event stream (subscribed)
-    generation: int  # bumped when `sourced` changes
-
-    async def prepare(self, info: RequestInfo) -> None: ...
-
-    def match(self, info: RequestInfo, approx: list[tuple[int, int]] | None,
-              approx_total: int) -> tuple[list[tuple[int, int]], int] | None: ...
 
 
 class _ServerView:
