@@ -145,7 +145,7 @@ class _Sink:
 
 
 class KvAwareMatcher:
-    """The Scheduler's `kv_matcher` (scheduler.KvAwareMatcher protocol)."""
+    """The Scheduler's `kv_matcher` (matcher_hook.KvAwareMatcher protocol)."""
 
     def __init__(self, args: KvCacheAwareArgs, metrics: RouterMetrics, *,
                  subscriber_options: Mapping[str, Any] | None = None, auto: bool = False) -> None:
